@@ -1,0 +1,31 @@
+"""Durable vector collections: SQLite store + FAISS indexes, filters, generations, rebuilds."""
+
+from index.engine import Engine
+from index.rebuild import RebuildProgress
+from index.types import (
+    CollectionInfo,
+    Condition,
+    Filter,
+    FilterOp,
+    Hit,
+    IndexParams,
+    IndexType,
+    Metric,
+    Record,
+    SearchResult,
+)
+
+__all__ = [
+    "CollectionInfo",
+    "Condition",
+    "Engine",
+    "Filter",
+    "FilterOp",
+    "Hit",
+    "IndexParams",
+    "IndexType",
+    "Metric",
+    "Record",
+    "RebuildProgress",
+    "SearchResult",
+]

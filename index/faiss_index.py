@@ -1,0 +1,185 @@
+"""FAISS index construction, search parameters, selectors and durable checkpoints.
+
+Every index is an `IndexIDMap2` over the real index so that FAISS ids are the store's
+int64 sequence numbers (`items.seq`). Nothing here touches SQLite.
+
+Checkpoint files are named ``g{generation}-s{seq}-{crc32:08x}.faiss``: the generation,
+the highest sequence number the index covers, and a checksum of the file's bytes. They
+are written to a temporary file, fsynced and renamed, so a reader sees either a whole
+checkpoint or none; the checksum catches a file damaged afterwards, in which case the
+caller rebuilds from the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import zlib
+from dataclasses import replace
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from index.types import IndexParams, IndexType, Metric
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HNSW_M = 32
+DEFAULT_HNSW_EF_CONSTRUCTION = 128
+DEFAULT_HNSW_EF_SEARCH = 128
+# IVF-PQ needs enough points to train its coarse quantizer and 256-centroid codebooks.
+IVF_MIN_TRAIN = 2048
+
+_CKPT_RE = re.compile(r"^g(\d+)-s(-?\d+)-([0-9a-f]{8})\.faiss$")
+
+
+def faiss_metric(metric: Metric) -> int:
+    return faiss.METRIC_L2 if metric == Metric.L2 else faiss.METRIC_INNER_PRODUCT
+
+
+def _default_pq_m(dim: int) -> int:
+    # two dimensions per sub-quantizer keeps PQ's error small enough for a recall check
+    # to pass on typical embeddings; must divide dim.
+    for m in range(max(1, dim // 2), 0, -1):
+        if dim % m == 0 and m <= 64:
+            return m
+    return 1
+
+
+def resolve_params(index_type: IndexType, dim: int, params: IndexParams, n: int = 0) -> IndexParams:
+    """Fill zero ("default") fields of `params`; `n` is the number of vectors to index."""
+    p = params
+    if index_type == IndexType.HNSW:
+        p = replace(
+            p,
+            hnsw_m=p.hnsw_m or DEFAULT_HNSW_M,
+            hnsw_ef_construction=p.hnsw_ef_construction or DEFAULT_HNSW_EF_CONSTRUCTION,
+            hnsw_ef_search=p.hnsw_ef_search or DEFAULT_HNSW_EF_SEARCH,
+        )
+    elif index_type == IndexType.IVF_PQ:
+        nlist = p.ivf_nlist or max(1, min(int(math.sqrt(max(n, 1))), max(1, n // 39)))
+        p = replace(
+            p,
+            ivf_nlist=nlist,
+            ivf_nprobe=p.ivf_nprobe or max(1, min(nlist, max(8, nlist // 4))),
+            pq_m=p.pq_m or _default_pq_m(dim),
+        )
+    return p
+
+
+def validate_params(index_type: IndexType, dim: int, params: IndexParams) -> None:
+    """Raise ValueError with a readable message for impossible parameters."""
+    for name in ("hnsw_m", "hnsw_ef_construction", "hnsw_ef_search", "ivf_nlist", "ivf_nprobe", "pq_m"):
+        v = getattr(params, name)
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"index parameter {name} must be a non-negative integer, got {v!r}")
+    if params.hnsw_m > 256:
+        raise ValueError(f"hnsw_m {params.hnsw_m} is too large (max 256)")
+    if params.hnsw_ef_search > 10_000 or params.hnsw_ef_construction > 10_000:
+        raise ValueError("hnsw ef parameters must be at most 10000")
+    if index_type == IndexType.IVF_PQ and params.pq_m and dim % params.pq_m:
+        raise ValueError(f"pq_m {params.pq_m} must divide the dimension {dim}")
+
+
+def ivf_trainable(n: int, params: IndexParams) -> bool:
+    return n >= max(IVF_MIN_TRAIN, 39 * max(params.ivf_nlist, 1))
+
+
+def new_index(kind: IndexType, dim: int, metric: Metric, params: IndexParams) -> faiss.IndexIDMap2:
+    """An empty index of `kind` (resolved params). IVF-PQ comes back untrained."""
+    fm = faiss_metric(metric)
+    if kind == IndexType.FLAT:
+        return faiss.index_factory(dim, "IDMap2,Flat", fm)
+    if kind == IndexType.HNSW:
+        idx = faiss.index_factory(dim, f"IDMap2,HNSW{params.hnsw_m}", fm)
+        faiss.downcast_index(idx.index).hnsw.efConstruction = params.hnsw_ef_construction
+        return idx
+    if kind == IndexType.IVF_PQ:
+        return faiss.index_factory(dim, f"IDMap2,IVF{params.ivf_nlist},PQ{params.pq_m}x8", fm)
+    raise ValueError(f"unknown index kind {kind!r}")
+
+
+def search_params(kind: IndexType, params: IndexParams, k: int, sel: faiss.IDSelector | None):
+    if kind == IndexType.HNSW:
+        return faiss.SearchParametersHNSW(sel=sel, efSearch=max(params.hnsw_ef_search, k))
+    if kind == IndexType.IVF_PQ:
+        return faiss.SearchParametersIVF(sel=sel, nprobe=params.ivf_nprobe)
+    if sel is None:
+        return None
+    return faiss.SearchParameters(sel=sel)
+
+
+class BitmapSelector:
+    """An IDSelectorBitmap over sequence numbers; keeps its bytes alive with it."""
+
+    __slots__ = ("bits", "sel")
+
+    def __init__(self, mask: np.ndarray) -> None:
+        self.bits = np.packbits(mask, bitorder="little")
+        self.sel = faiss.IDSelectorBitmap(int(mask.shape[0]), faiss.swig_ptr(self.bits))
+
+
+def checkpoint_files(directory: Path, generation: int) -> list[tuple[int, Path, int]]:
+    """(seq, path, crc) of this generation's checkpoint files, newest (highest seq) first."""
+    out = []
+    if directory.is_dir():
+        for p in directory.iterdir():
+            m = _CKPT_RE.match(p.name)
+            if m and int(m.group(1)) == generation:
+                out.append((int(m.group(2)), p, int(m.group(3), 16)))
+    out.sort(key=lambda t: (t[0], t[1].stat().st_mtime_ns), reverse=True)
+    return out
+
+
+def parse_checkpoint_name(name: str) -> tuple[int, int] | None:
+    m = _CKPT_RE.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(directory: Path, generation: int, seq: int, data: np.ndarray) -> Path:
+    """Atomically write serialized index bytes; returns the final path. Older checkpoints
+    of the same generation are removed once the new one is durable."""
+    directory.mkdir(parents=True, exist_ok=True)
+    crc = zlib.crc32(memoryview(data)) & 0xFFFFFFFF
+    final = directory / f"g{generation}-s{seq}-{crc:08x}.faiss"
+    tmp = directory / f".tmp-{final.name}-{os.getpid()}-{id(data):x}"
+    with open(tmp, "wb") as f:
+        f.write(memoryview(data))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    fsync_dir(directory)
+    for _, p, _ in checkpoint_files(directory, generation):
+        if p != final:
+            p.unlink(missing_ok=True)
+    return final
+
+
+def load_checkpoint(directory: Path, generation: int) -> tuple[faiss.Index, int] | None:
+    """The newest readable checkpoint of `generation` as (index, covered seq), or None.
+
+    A file whose checksum does not match or that FAISS cannot parse is logged and skipped;
+    the caller then rebuilds from the store.
+    """
+    for seq, path, crc in checkpoint_files(directory, generation):
+        try:
+            data = path.read_bytes()
+            if zlib.crc32(data) & 0xFFFFFFFF != crc:
+                raise ValueError("checksum mismatch")
+            idx = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
+        except Exception as e:  # a torn or damaged file must never stop start-up
+            log.warning("ignoring unreadable index checkpoint %s: %s", path.name, e)
+            continue
+        return idx, seq
+    return None
