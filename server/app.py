@@ -209,6 +209,10 @@ def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then drain in-flight calls and flush state."""
     server, port, runtime = create_server(settings)
     server.start()
+    if settings.port_file:
+        tmp = Path(settings.port_file + ".tmp")
+        tmp.write_text(str(port))
+        tmp.replace(settings.port_file)
     log.info(
         "ragplane %s serving on %s:%d (embedder %s, data %s%s)",
         __version__,

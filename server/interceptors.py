@@ -108,7 +108,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
                 code = "OK"
                 try:
                     t0 = start(context)
-                    return behavior(request_or_iterator, context)
+                    return behavior(_checked(request_or_iterator), context)
                 except Exception as exc:
                     code = (status_of(exc) or grpc.StatusCode.INTERNAL).name
                     if _is_abort(exc):
@@ -125,7 +125,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
                 code = "OK"
                 try:
                     t0 = start(context)
-                    yield from behavior(request_or_iterator, context)
+                    yield from behavior(_checked(request_or_iterator), context)
                 except Exception as exc:
                     code = (status_of(exc) or grpc.StatusCode.INTERNAL).name
                     if _is_abort(exc):
@@ -136,6 +136,10 @@ class ServerInterceptor(grpc.ServerInterceptor):
 
             return wrapped
 
+        if handler.request_deserializer is not None:
+            handler = handler._replace(
+                request_deserializer=_safe_deserializer(handler.request_deserializer)
+            )
         if handler.unary_unary:
             return handler._replace(unary_unary=wrap_unary(handler.unary_unary))
         if handler.unary_stream:
@@ -145,6 +149,35 @@ class ServerInterceptor(grpc.ServerInterceptor):
         if handler.stream_stream:
             return handler._replace(stream_stream=wrap_stream(handler.stream_stream))
         return handler
+
+
+class _Undecodable:
+    """What a request that failed to parse (bad wire bytes, invalid UTF-8) turns into, so
+    the servicer wrapper can answer INVALID_ARGUMENT instead of gRPC's INTERNAL."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _safe_deserializer(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def safe(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # protobuf's DecodeError, UnicodeDecodeError, ...
+            return _Undecodable(str(exc) or type(exc).__name__)
+
+    return safe
+
+
+def _checked(request_or_iterator: Any) -> Any:
+    if isinstance(request_or_iterator, _Undecodable):
+        raise errors.InvalidArgument(
+            f"the request could not be parsed ({request_or_iterator.reason}); string fields "
+            "must be valid UTF-8"
+        )
+    if hasattr(request_or_iterator, "__next__"):
+        return (_checked(r) for r in request_or_iterator)
+    return request_or_iterator
 
 
 def _is_abort(exc: BaseException) -> bool:

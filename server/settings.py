@@ -32,6 +32,10 @@ class Settings:
         default="127.0.0.1",
     )
     port: int = _doc("gRPC port; 0 picks a free one (tests).", default=50051)
+    port_file: str = _doc(
+        "Write the bound port here once serving (for supervisors and tests with port 0).",
+        default="",
+    )
     data_dir: str = _doc(
         "Where SQLite (the source of truth) and FAISS checkpoints live.", default="./ragplane-data"
     )

@@ -46,7 +46,7 @@ class SentenceTransformersEmbedder:
         # every call, so setting max_seq_length here is what makes it truncate at 256.
         self._model.max_seq_length = max_seq_length
         self.max_seq_length = max_seq_length
-        self.dim = int(self._model.get_sentence_embedding_dimension())
+        self.dim = int(self._model.get_embedding_dimension())
         self.model = path.name if path.name != "model" else "all-MiniLM-L6-v2"
         self.version = sentence_transformers.__version__
         self._tokens = TokenCounter(path, max_seq_length)
@@ -57,9 +57,11 @@ class SentenceTransformersEmbedder:
         return f"{self.name}@{self.version}"
 
     def embed(self, texts: Sequence[str], normalize: bool = True) -> np.ndarray:
+        # encode() sorts by length and cuts batches of `batch_size`: 32 keeps padding waste
+        # small while a pass still amortises its overhead.
         vectors = self._model.encode(
             list(texts),
-            batch_size=max(1, len(texts)),
+            batch_size=32,
             normalize_embeddings=normalize,
             convert_to_numpy=True,
             show_progress_bar=False,

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A real server (fake embedder, dim 64) on port 0 with a fresh data directory."""
+    from tests.harness import InProcessServer
+
+    srv = InProcessServer(tmp_path / "data")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def st_model():
+    """The canonical sentence-transformers model, loaded once per session (CPU)."""
+    from server.embedding.st import SentenceTransformersEmbedder
+
+    return SentenceTransformersEmbedder(device="cpu")

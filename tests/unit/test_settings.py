@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import pytest
+
+from server.errors import InvalidArgument
+from server.settings import Settings
+
+
+def test_sources_in_order(tmp_path):
+    cfg = tmp_path / "r.toml"
+    cfg.write_text("[ragplane]\nport = 6000\nworkers = 3\nlog_json = true\n")
+    s = Settings.load({"workers": 5}, env={"RAGPLANE_PORT": "7000"}, config_file=cfg)
+    assert (s.port, s.workers, s.log_json) == (7000, 5, True)
+
+
+def test_unknown_and_bad_values_are_clear():
+    with pytest.raises(InvalidArgument, match="unknown setting"):
+        Settings.load({"prot": 1}, env={})
+    with pytest.raises(InvalidArgument, match="not a valid int"):
+        Settings.load({"port": "eighty"}, env={})
+    with pytest.raises(InvalidArgument, match="embedder"):
+        Settings.load({"embedder": "gpt"}, env={})
+
+
+def test_secrets_are_redacted():
+    s = Settings.load({"bootstrap_admin_key": "sekrit"}, env={})
+    assert s.redacted()["bootstrap_admin_key"] == "***"
+    assert "sekrit" not in repr(s.redacted())
+
+
+def test_every_setting_is_documented():
+    assert all(Settings.docs().values())
