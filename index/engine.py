@@ -566,6 +566,12 @@ class Engine:
         colls = [c for (t, _), c in list(self._colls.items()) if t == tenant and not c.dropped]
         return [self._info(c) for c in sorted(colls, key=lambda c: c.name)]
 
+    def list_all_collections(self) -> list[CollectionInfo]:
+        """Every collection of every tenant (for sweepers and admin status)."""
+        self._check_open()
+        colls = [c for c in list(self._colls.values()) if not c.dropped]
+        return [self._info(c) for c in sorted(colls, key=lambda c: (c.tenant, c.name))]
+
     def describe(self, tenant: str, name: str) -> CollectionInfo:
         return self._info(self._get(tenant, name))
 
