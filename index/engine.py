@@ -396,10 +396,12 @@ class Engine:
                 log.warning("checkpoint of %s/%s does not match its collection; rebuilding", coll.tenant, coll.name)
                 index, after = None, 0
         if index is None:
-            index = fx.new_index(kind, coll.dim, coll.metric, rparams)
-            if kind == IndexType.IVF_PQ:
+            if kind == IndexType.IVF_PQ:  # no usable checkpoint: train again on the store
                 _, vecs = self._read_vectors(conn, coll, 0, None)
+                index = fx.new_index(kind, coll.dim, coll.metric, rparams, len(vecs))
                 index.train(vecs)
+            else:
+                index = fx.new_index(kind, coll.dim, coll.metric, rparams)
         for seqs, vecs in self._iter_vectors(conn, coll, after, None):
             index.add_with_ids(vecs, seqs)
         return index
@@ -1037,7 +1039,7 @@ class Engine:
                 seqs_all, vecs_all = self._read_vectors(conn, coll, 0, snap)
             n = int(seqs_all.size)
             kind, rparams, note = self._plan_kind(target, dim, params, n)
-            index = fx.new_index(kind, dim, coll.metric, rparams)
+            index = fx.new_index(kind, dim, coll.metric, rparams, n)
             prog.start("indexing", n)
             if kind == IndexType.IVF_PQ:
                 index.train(vecs_all)

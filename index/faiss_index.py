@@ -88,8 +88,15 @@ def ivf_trainable(n: int, params: IndexParams) -> bool:
     return n >= max(IVF_MIN_TRAIN, 39 * max(params.ivf_nlist, 1))
 
 
-def new_index(kind: IndexType, dim: int, metric: Metric, params: IndexParams) -> faiss.IndexIDMap2:
-    """An empty index of `kind` (resolved params). IVF-PQ comes back untrained."""
+def pq_nbits(n: int) -> int:
+    """Bits per PQ code: 8 (256 centroids) once there are enough points to train that many
+    (FAISS wants 39 per centroid), fewer below, so small collections train fast and well."""
+    return int(min(8, max(4, math.floor(math.log2(max(n, 16) / 39)))))
+
+
+def new_index(kind: IndexType, dim: int, metric: Metric, params: IndexParams, n: int = 0) -> faiss.IndexIDMap2:
+    """An empty index of `kind` (resolved params); `n` is how many vectors it will train on.
+    IVF-PQ comes back untrained."""
     fm = faiss_metric(metric)
     if kind == IndexType.FLAT:
         return faiss.index_factory(dim, "IDMap2,Flat", fm)
@@ -98,7 +105,7 @@ def new_index(kind: IndexType, dim: int, metric: Metric, params: IndexParams) ->
         faiss.downcast_index(idx.index).hnsw.efConstruction = params.hnsw_ef_construction
         return idx
     if kind == IndexType.IVF_PQ:
-        return faiss.index_factory(dim, f"IDMap2,IVF{params.ivf_nlist},PQ{params.pq_m}x8", fm)
+        return faiss.index_factory(dim, f"IDMap2,IVF{params.ivf_nlist},PQ{params.pq_m}x{pq_nbits(n)}", fm)
     raise ValueError(f"unknown index kind {kind!r}")
 
 
