@@ -10,6 +10,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,8 @@ from ragplane.v1 import (
     embed_pb2_grpc,
     index_pb2,
     index_pb2_grpc,
+    memory_pb2,
+    memory_pb2_grpc,
     search_pb2,
     search_pb2_grpc,
 )
@@ -33,8 +36,10 @@ from server.embedding import Embedder, load_embedder
 from server.embedding.service import EmbeddingService
 from server.errors import InvalidArgument
 from server.interceptors import ServerInterceptor
+from server.memory import MemoryService
 from server.servicers.embed import EmbedServicer
 from server.servicers.index import IndexServicer
+from server.servicers.memory import MemoryServicer
 from server.servicers.search import SearchServicer
 from server.settings import Settings
 
@@ -52,6 +57,7 @@ class Runtime:
     embedding: EmbeddingService
     collections: CollectionService
     keys: KeyStore
+    memory: MemoryService
     started_at: float = field(default_factory=time.time)
     extras: list = field(default_factory=list)  # more closables (memory sweeper, shadow)
 
@@ -63,7 +69,12 @@ class Runtime:
         self.keys.close()
 
 
-def build_runtime(settings: Settings, *, embedder: Embedder | None = None) -> Runtime:
+def build_runtime(
+    settings: Settings,
+    *,
+    embedder: Embedder | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Runtime:
     data_dir = Path(settings.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     if embedder is None:
@@ -94,7 +105,18 @@ def build_runtime(settings: Settings, *, embedder: Embedder | None = None) -> Ru
     keys = KeyStore(data_dir / "keys.db")
     if settings.bootstrap_admin_key:
         keys.ensure(settings.bootstrap_admin_key, DEFAULT_TENANT, SCOPES, "bootstrap admin key")
-    return Runtime(settings, engine, embedding, collections, keys)
+    memory = MemoryService(
+        engine,
+        embedding,
+        dedup_threshold=settings.memory_dedup_threshold,
+        half_life_seconds=settings.memory_half_life_seconds,
+        clock=clock,
+    )
+    memory.sweep()  # memories that expired while the server was down
+    memory.start_sweeper(settings.memory_sweep_seconds)
+    runtime = Runtime(settings, engine, embedding, collections, keys, memory)
+    runtime.extras.append(memory)
+    return runtime
 
 
 def _is_loopback(host: str) -> bool:
@@ -107,9 +129,13 @@ def _is_loopback(host: str) -> bool:
 
 
 def create_server(
-    settings: Settings, *, runtime: Runtime | None = None, embedder: Embedder | None = None
+    settings: Settings,
+    *,
+    runtime: Runtime | None = None,
+    embedder: Embedder | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> tuple[grpc.Server, int, Runtime]:
-    runtime = runtime or build_runtime(settings, embedder=embedder)
+    runtime = runtime or build_runtime(settings, embedder=embedder, clock=clock)
     if not runtime.keys.enabled:
         if not _is_loopback(settings.host):
             runtime.close()
@@ -144,10 +170,12 @@ def create_server(
     )
     index_pb2_grpc.add_IndexServiceServicer_to_server(IndexServicer(runtime.collections), server)
     search_pb2_grpc.add_SearchServiceServicer_to_server(SearchServicer(runtime.collections), server)
+    memory_pb2_grpc.add_MemoryServiceServicer_to_server(MemoryServicer(runtime.memory), server)
     services = [
         embed_pb2.DESCRIPTOR.services_by_name["EmbedService"].full_name,
         index_pb2.DESCRIPTOR.services_by_name["IndexService"].full_name,
         search_pb2.DESCRIPTOR.services_by_name["SearchService"].full_name,
+        memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name,
     ]
     for register in _extra_services:
         services += register(server, runtime)

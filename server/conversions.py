@@ -25,8 +25,9 @@ from index.types import (
     Record,
     SearchResult,
 )
-from ragplane.v1 import common_pb2, index_pb2, search_pb2
+from ragplane.v1 import common_pb2, index_pb2, memory_pb2, search_pb2
 from server.errors import InvalidArgument
+from server.memory import Memory
 
 METRIC_TO_PB = {
     Metric.COSINE: index_pb2.METRIC_COSINE,
@@ -264,4 +265,40 @@ def search_result_to_pb(r: SearchResult, embedder: str = "") -> search_pb2.Searc
 def search_result_from_pb(pb: search_pb2.SearchResponse) -> SearchResult:
     return SearchResult(
         hits=[hit_from_pb(h) for h in pb.hits], returned_k=pb.returned_k, exhaustive=pb.exhaustive
+    )
+
+
+# --- memory ----------------------------------------------------------------------------
+
+
+def memory_to_pb(m: Memory) -> memory_pb2.Memory:
+    return memory_pb2.Memory(
+        id=m.id,
+        namespace=m.namespace,
+        text=m.text,
+        metadata=dict_to_struct(m.metadata),
+        importance=m.importance,
+        created_at=m.created_at,
+        updated_at=m.updated_at,
+        expires_at=m.expires_at,
+        score=m.score,
+        parts=memory_pb2.ScoreParts(
+            relevance=m.relevance, recency=m.recency, importance=m.importance
+        ),
+    )
+
+
+def memory_from_pb(pb: memory_pb2.Memory) -> Memory:
+    return Memory(
+        id=pb.id,
+        namespace=pb.namespace,
+        text=pb.text,
+        metadata=struct_to_dict(pb.metadata),
+        importance=pb.importance,
+        created_at=pb.created_at,
+        updated_at=pb.updated_at,
+        expires_at=pb.expires_at,
+        score=pb.score,
+        relevance=pb.parts.relevance,
+        recency=pb.parts.recency,
     )

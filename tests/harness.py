@@ -64,10 +64,16 @@ class InProcessServer:
     """create_server(settings) on port 0; `restart()` closes and reopens over the same data."""
 
     def __init__(
-        self, data_dir: Path, embedder: Any = None, embedder_name: str = "fake", **overrides: Any
+        self,
+        data_dir: Path,
+        embedder: Any = None,
+        embedder_name: str = "fake",
+        clock: Any = None,
+        **overrides: Any,
     ) -> None:
         self.data_dir = data_dir
         self.embedder = embedder
+        self.clock = clock
         self.overrides = {"embedder": embedder_name, "koder_toml": "", **overrides}
         self.server = self.runtime = self.stubs = None
         self.start()
@@ -82,7 +88,8 @@ class InProcessServer:
         from server.app import create_server
 
         embedder = self.embedder() if callable(self.embedder) else self.embedder
-        self.server, self.port, self.runtime = create_server(self.settings, embedder=embedder)
+        kw = {"clock": self.clock} if self.clock is not None else {}
+        self.server, self.port, self.runtime = create_server(self.settings, embedder=embedder, **kw)
         self.server.start()
         self.stubs = Stubs.dial(f"127.0.0.1:{self.port}")
 
@@ -143,7 +150,9 @@ class SubprocessServer:
                 self.stubs = Stubs.dial(f"127.0.0.1:{self.port}")
                 return
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}")
+                self.log.close()
+                log = (self.data_dir.parent / f"{self.data_dir.name}.log").read_text()[-3000:]
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log}")
             time.sleep(0.05)
         raise TimeoutError("server did not start")
 
@@ -152,10 +161,12 @@ class SubprocessServer:
         self.stubs.close()
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
+        self.log.close()
 
     def terminate(self, timeout: float = 30.0) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         rc = self.proc.wait(timeout)
         self.stubs.close()
+        self.log.close()
         return rc
