@@ -1,0 +1,202 @@
+package ragplane_test
+
+// A smoke test against a live ragplane server: embed, create a collection, upsert, search,
+// remember and recall, asserting real results.
+//
+// The server is `python -m server.cli serve` from the repository's virtualenv ($VENV,
+// default <repo>/.venv) on port 0 with the deterministic fake embedder and a fresh data
+// directory, or the server at $RAGPLANE_ADDR (host:port) when that is set, with
+// $RAGPLANE_API_KEY if the server needs one. Without either the test is skipped.
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ragplane/ragplane/clients/go/ragplane"
+	pb "github.com/ragplane/ragplane/clients/go/ragplanev1"
+)
+
+// startServer runs the Python server on port 0 and returns its address; it is stopped when
+// the test ends.
+func startServer(t *testing.T) string {
+	t.Helper()
+	if addr := os.Getenv("RAGPLANE_ADDR"); addr != "" {
+		return addr
+	}
+	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	venv := os.Getenv("VENV")
+	if venv == "" {
+		venv = ".venv"
+	}
+	if !filepath.IsAbs(venv) {
+		venv = filepath.Join(root, venv)
+	}
+	python := filepath.Join(venv, "bin", "python")
+	if _, err := os.Stat(python); err != nil {
+		t.Skipf("no Python virtualenv at %s to run the ragplane server (run `make install` first, or set RAGPLANE_ADDR=host:port)", python)
+	}
+
+	dir := t.TempDir()
+	portFile := filepath.Join(dir, "port")
+	logPath := filepath.Join(dir, "server.log")
+	log, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(python, "-m", "server.cli", "serve", "--port", "0", "--embedder", "fake",
+		"--data-dir", filepath.Join(dir, "data"), "--set", "port_file="+portFile, "--set", "koder_toml=")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1")
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start the ragplane server: %v", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		log.Close()
+	})
+	serverLog := func() string { b, _ := os.ReadFile(logPath); return string(b) }
+
+	deadline := time.After(90 * time.Second)
+	for {
+		if b, err := os.ReadFile(portFile); err == nil {
+			if port, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && port > 0 {
+				return fmt.Sprintf("127.0.0.1:%d", port)
+			}
+		}
+		select {
+		case err := <-exited:
+			exited <- err // for Cleanup
+			t.Fatalf("ragplane server exited (%v); its log:\n%s", err, serverLog())
+		case <-deadline:
+			t.Fatalf("ragplane server did not write its port in 90s; its log:\n%s", serverLog())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func TestSmokeAgainstLiveServer(t *testing.T) {
+	addr := startServer(t)
+	key := os.Getenv("RAGPLANE_API_KEY")
+	c, err := ragplane.Dial(addr, ragplane.Options{APIKey: key, AllowPlaintextKey: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	// Embed: one normalised vector per text, of the advertised dimension.
+	emb, err := c.Embed(ctx, []string{"the cat sat on the mat", "stock markets fell sharply today"})
+	if err != nil {
+		t.Fatalf("Embed: %v", err)
+	}
+	if emb.Dim <= 0 || len(emb.Vectors) != 2 || emb.Embedder == "" {
+		t.Fatalf("Embed: dim %d, %d vectors, embedder %q", emb.Dim, len(emb.Vectors), emb.Embedder)
+	}
+	for i, v := range emb.Vectors {
+		var sq float64
+		for _, x := range v {
+			sq += float64(x) * float64(x)
+		}
+		if len(v) != emb.Dim || math.Abs(math.Sqrt(sq)-1) > 1e-3 {
+			t.Fatalf("vector %d: len %d (dim %d), norm %.5f", i, len(v), emb.Dim, math.Sqrt(sq))
+		}
+	}
+
+	// A fresh collection takes the embedder's dimension and identity.
+	name := fmt.Sprintf("go_smoke_%d", time.Now().UnixNano())
+	info, err := c.CreateCollection(ctx, name)
+	if err != nil {
+		t.Fatalf("CreateCollection: %v", err)
+	}
+	if info.GetName() != name || int(info.GetDim()) != emb.Dim || info.GetEmbedder() != emb.Embedder {
+		t.Fatalf("CreateCollection: %v (want dim %d, embedder %s)", info, emb.Dim, emb.Embedder)
+	}
+
+	docs := [][2]string{
+		{"a", "the cat sat on the mat"},
+		{"b", "dogs chase cats in the park"},
+		{"c", "python list and dictionaries"},
+		{"d", "sorting a list in python"},
+	}
+	var items []*pb.Item
+	for _, d := range docs {
+		it, err := ragplane.Item(d[0], d[1], map[string]any{"len": len(d[1])})
+		if err != nil {
+			t.Fatal(err)
+		}
+		items = append(items, it)
+	}
+	n, err := c.Upsert(ctx, name, items...)
+	if err != nil || n != 4 {
+		t.Fatalf("Upsert: %d, %v", n, err)
+	}
+
+	// Searching an item's own text finds it first (cosine ~1); scores never increase.
+	hits, err := c.Search(ctx, name, "sorting a list in python", 3)
+	if err != nil {
+		t.Fatalf("Search: %v", err)
+	}
+	if len(hits) != 3 || hits[0].GetId() != "d" || hits[0].GetText() != "sorting a list in python" || hits[0].GetScore() < 0.99 {
+		t.Fatalf("Search: %v", hits)
+	}
+	ids := []string{}
+	for i, h := range hits {
+		ids = append(ids, h.GetId())
+		if i > 0 && h.GetScore() > hits[i-1].GetScore() {
+			t.Fatalf("Search: scores not ordered: %v", hits)
+		}
+	}
+	if !slices.Contains(ids, "c") {
+		t.Fatalf("Search: the other python text should rank: %v", ids)
+	}
+
+	// Memory: Remember returns an id, and recalling the same text returns it first.
+	ns := fmt.Sprintf("go-agent-%d", time.Now().UnixNano())
+	fact := "the user prefers dark mode in every editor"
+	m, err := c.Remember(ctx, ns, fact)
+	if err != nil {
+		t.Fatalf("Remember: %v", err)
+	}
+	if m.GetId() == "" || m.GetDeduplicated() {
+		t.Fatalf("Remember: %v", m)
+	}
+	other, err := c.Remember(ctx, ns, "the deploy window is friday at noon")
+	if err != nil || other.GetId() == m.GetId() {
+		t.Fatalf("Remember (second): %v, %v", other, err)
+	}
+	mems, err := c.Recall(ctx, ns, fact, 5)
+	if err != nil {
+		t.Fatalf("Recall: %v", err)
+	}
+	if len(mems) == 0 || mems[0].GetId() != m.GetId() || mems[0].GetText() != fact {
+		t.Fatalf("Recall: want %s first, got %v", m.GetId(), mems)
+	}
+	for i := 1; i < len(mems); i++ {
+		if mems[i].GetScore() > mems[i-1].GetScore() {
+			t.Fatalf("Recall: scores not ordered: %v", mems)
+		}
+	}
+}
