@@ -143,7 +143,7 @@ class _Coll:
                 grown[: self.live.shape[0]] = self.live
                 self.live = grown
             self.live[seqs] = True
-            self.seq_to_id.update(zip(seqs.tolist(), ids))
+            self.seq_to_id.update(zip(seqs.tolist(), ids, strict=True))
             self.live_count += int(seqs.size)
             self._live_sel = None
 
@@ -225,7 +225,9 @@ class Engine:
         self._checkpoint_every = max(1, int(checkpoint_every))
         # GPU hook: faiss-cpu builds have no GPU support; with faiss-gpu and a device the
         # flat indexes could be cloned to it here. Searches with ID selectors stay on CPU.
-        self._use_gpu = bool(use_gpu) and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+        self._use_gpu = (
+            bool(use_gpu) and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+        )
         self._lock_file = open(self._dir / "LOCK", "a+")  # noqa: SIM115 - held for the Engine's life
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -299,7 +301,8 @@ class Engine:
     def _check_name(name: Any) -> None:
         if not isinstance(name, str) or not _NAME_RE.match(name):
             raise InvalidArgument(
-                f"collection name {name!r} is invalid: use 1-128 characters of letters, digits, '_', '.' or '-'"
+                f"collection name {name!r} is invalid: use 1-128 characters of letters, digits, "
+                "'_', '.' or '-'"
             )
 
     # ------------------------------------------------------------------ open / recovery
@@ -308,15 +311,22 @@ class Engine:
         conn = self._writer
         with self._tx() as c:
             # A rebuild that was running when the process died never swapped: drop it.
-            failed = c.execute("SELECT coll_id, generation FROM generations WHERE state = 'building'").fetchall()
+            failed = c.execute(
+                "SELECT coll_id, generation FROM generations WHERE state = 'building'"
+            ).fetchall()
             for coll_id, gen in failed:
-                c.execute("DELETE FROM staged_vectors WHERE coll_id = ? AND generation = ?", (coll_id, gen))
                 c.execute(
-                    "UPDATE generations SET state = 'failed' WHERE coll_id = ? AND generation = ?", (coll_id, gen)
+                    "DELETE FROM staged_vectors WHERE coll_id = ? AND generation = ?",
+                    (coll_id, gen),
+                )
+                c.execute(
+                    "UPDATE generations SET state = 'failed' WHERE coll_id = ? AND generation = ?",
+                    (coll_id, gen),
                 )
             c.execute("DELETE FROM staged_vectors")
         rows = conn.execute(
-            "SELECT id, tenant, name, dim, metric, index_type, embedder, params, generation, created_at "
+            "SELECT id, tenant, name, dim, metric, index_type, embedder, params, generation, "
+            "created_at "
             "FROM collections"
         ).fetchall()
         keep_dirs = set()
@@ -346,7 +356,8 @@ class Engine:
         keep = {
             g
             for (g,) in self._writer.execute(
-                "SELECT generation FROM generations WHERE coll_id = ? AND state IN ('active', 'previous')",
+                "SELECT generation FROM generations WHERE coll_id = ? AND state IN ('active', "
+                "'previous')",
                 (coll.id,),
             )
         }
@@ -363,7 +374,9 @@ class Engine:
             (coll_id, generation),
         ).fetchone()
         if row is None:
-            raise RuntimeError(f"generation {generation} of collection {coll_id} is missing from the store")
+            raise RuntimeError(
+                f"generation {generation} of collection {coll_id} is missing from the store"
+            )
         return IndexType(row[0]), _params_from(row[1]), row[2]
 
     def _load_active(self, coll: _Coll) -> None:
@@ -374,18 +387,26 @@ class Engine:
         coll.kind, coll.rparams = kind, rparams
         coll.index = self._index_from_store(conn, coll, coll.generation, kind, rparams)
         live = conn.execute(
-            "SELECT seq, item_id FROM items WHERE coll_id = ? AND deleted = 0 ORDER BY seq", (coll.id,)
+            "SELECT seq, item_id FROM items WHERE coll_id = ? AND deleted = 0 ORDER BY seq",
+            (coll.id,),
         ).fetchall()
         seqs = np.fromiter((r[0] for r in live), dtype=np.int64, count=len(live))
         coll.live = np.zeros(max(1024, int(seqs.max()) + 1 if seqs.size else 0), dtype=bool)
         coll.live_count = 0
         coll.seq_to_id = {}
         coll.mark_live(seqs, [r[1] for r in live])
-        (top,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM items WHERE coll_id = ?", (coll.id,)).fetchone()
+        (top,) = conn.execute(
+            "SELECT COALESCE(MAX(seq), 0) FROM items WHERE coll_id = ?", (coll.id,)
+        ).fetchone()
         coll.indexed_seq = top
 
     def _index_from_store(
-        self, conn: sqlite3.Connection, coll: _Coll, generation: int, kind: IndexType, rparams: IndexParams
+        self,
+        conn: sqlite3.Connection,
+        coll: _Coll,
+        generation: int,
+        kind: IndexType,
+        rparams: IndexParams,
     ) -> Any:
         loaded = fx.load_checkpoint(coll.dir, generation)
         index = None
@@ -393,7 +414,11 @@ class Engine:
         if loaded is not None:
             index, after = loaded
             if index.d != coll.dim or index.metric_type != fx.faiss_metric(coll.metric):
-                log.warning("checkpoint of %s/%s does not match its collection; rebuilding", coll.tenant, coll.name)
+                log.warning(
+                    "checkpoint of %s/%s does not match its collection; rebuilding",
+                    coll.tenant,
+                    coll.name,
+                )
                 index, after = None, 0
         if index is None:
             if kind == IndexType.IVF_PQ:  # no usable checkpoint: train again on the store
@@ -407,9 +432,16 @@ class Engine:
         return index
 
     def _iter_vectors(
-        self, conn: sqlite3.Connection, coll: _Coll, after: int, upto: int | None, *, text: bool = False
+        self,
+        conn: sqlite3.Connection,
+        coll: _Coll,
+        after: int,
+        upto: int | None,
+        *,
+        text: bool = False,
     ) -> Iterator[Any]:
-        """Live rows with after < seq <= upto, in seq order, in batches of (seqs, vectors[, texts])."""
+        """Live rows with after < seq <= upto, in seq order, as batches of
+        (seqs, vectors) or, with `text`, (seqs, vectors, texts)."""
         last = after
         hi = upto if upto is not None else (1 << 62)
         while True:
@@ -518,24 +550,56 @@ class Engine:
         with self._reg_lock:
             existing = self._colls.get((tenant, name))
             if existing is not None and not existing.dropped:
-                raise AlreadyExists(f"collection {name!r} already exists; pick another name or delete it first")
+                raise AlreadyExists(
+                    f"collection {name!r} already exists; pick another name or delete it first"
+                )
             with self._tx() as c:
                 cur = c.execute(
-                    "INSERT INTO collections (tenant, name, dim, metric, index_type, embedder, params, "
+                    "INSERT INTO collections (tenant, name, dim, metric, index_type, embedder, "
+                    "params, "
                     "generation, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?)",
-                    (tenant, name, dim, metric.value, index_type.value, embedder, _params_json(params), now),
+                    (
+                        tenant,
+                        name,
+                        dim,
+                        metric.value,
+                        index_type.value,
+                        embedder,
+                        _params_json(params),
+                        now,
+                    ),
                 )
                 coll_id = cur.lastrowid
                 c.execute(
-                    "INSERT INTO generations (coll_id, generation, index_type, built_kind, params, requested, "
-                    "embedder, dim, state, created_at) VALUES (?, 1, ?, ?, ?, ?, ?, ?, 'active', ?)",
-                    (coll_id, index_type.value, kind.value, _params_json(rparams), _params_json(params),
-                     embedder, dim, now),
+                    "INSERT INTO generations (coll_id, generation, index_type, built_kind, "
+                    "params, requested, "
+                    "embedder, dim, state, created_at) VALUES (?, 1, ?, ?, ?, ?, ?, ?, 'active', "
+                    "?)",
+                    (
+                        coll_id,
+                        index_type.value,
+                        kind.value,
+                        _params_json(rparams),
+                        _params_json(params),
+                        embedder,
+                        dim,
+                        now,
+                    ),
                 )
             coll = _Coll(
-                id=coll_id, tenant=tenant, name=name, dim=dim, metric=metric, index_type=index_type,
-                embedder=embedder, params=params, generation=1, created_at=now,
-                dir=self._idx_dir / str(coll_id), kind=kind, rparams=rparams,
+                id=coll_id,
+                tenant=tenant,
+                name=name,
+                dim=dim,
+                metric=metric,
+                index_type=index_type,
+                embedder=embedder,
+                params=params,
+                generation=1,
+                created_at=now,
+                dir=self._idx_dir / str(coll_id),
+                kind=kind,
+                rparams=rparams,
                 index=fx.new_index(kind, dim, metric, rparams),
             )
             self._colls[(tenant, name)] = coll
@@ -583,9 +647,17 @@ class Engine:
             live = coll.live_count
             params = coll.rparams if coll.kind == coll.index_type else coll.params
             return CollectionInfo(
-                name=coll.name, tenant=coll.tenant, dim=coll.dim, metric=coll.metric,
-                index_type=coll.index_type, embedder=coll.embedder, generation=coll.generation,
-                count=live, tombstones=max(0, ntotal - live), params=params, created_at=coll.created_at,
+                name=coll.name,
+                tenant=coll.tenant,
+                dim=coll.dim,
+                metric=coll.metric,
+                index_type=coll.index_type,
+                embedder=coll.embedder,
+                generation=coll.generation,
+                count=live,
+                tombstones=max(0, ntotal - live),
+                params=params,
+                created_at=coll.created_at,
             )
 
     def set_embedder(self, tenant: str, name: str, embedder: str) -> None:
@@ -615,17 +687,22 @@ class Engine:
             try:
                 a = np.asarray(v, dtype=np.float32)
             except (TypeError, ValueError):
-                raise InvalidArgument(f"item {i} (id {r.id!r}): vector is not a list of numbers") from None
+                raise InvalidArgument(
+                    f"item {i} (id {r.id!r}): vector is not a list of numbers"
+                ) from None
             if a.shape != (dim,):
                 got = a.shape[0] if a.ndim == 1 else "x".join(map(str, a.shape))
                 raise InvalidArgument(
-                    f"item {i} (id {r.id!r}): vector has dimension {got}, collection {coll.name!r} expects {dim}"
+                    f"item {i} (id {r.id!r}): vector has dimension {got}, collection "
+                    f"{coll.name!r} expects {dim}"
                 )
             mat[i] = a
         finite = np.isfinite(mat).all(axis=1)
         if not finite.all():
             i = int(np.flatnonzero(~finite)[0])
-            raise InvalidArgument(f"item {i} (id {records[i].id!r}): vector contains NaN or infinity")
+            raise InvalidArgument(
+                f"item {i} (id {records[i].id!r}): vector contains NaN or infinity"
+            )
         if coll.metric == Metric.COSINE:
             norms = np.linalg.norm(mat, axis=1)
             if not (norms > 0).all():
@@ -654,14 +731,18 @@ class Engine:
             if len(r.id) > MAX_ID_LEN:
                 raise InvalidArgument(f"item {i}: id is longer than {MAX_ID_LEN} characters")
             if r.id in seen:
-                raise InvalidArgument(f"item {i}: id {r.id!r} appears more than once in this request")
+                raise InvalidArgument(
+                    f"item {i}: id {r.id!r} appears more than once in this request"
+                )
             seen.add(r.id)
             if not isinstance(r.text, str):
                 raise InvalidArgument(f"item {i} (id {r.id!r}): text must be a string")
             try:
                 md = json.dumps(dict(r.metadata or {}), allow_nan=False, separators=(",", ":"))
             except (TypeError, ValueError) as e:
-                raise InvalidArgument(f"item {i} (id {r.id!r}): metadata is not a JSON object ({e})") from None
+                raise InvalidArgument(
+                    f"item {i} (id {r.id!r}): metadata is not a JSON object ({e})"
+                ) from None
             rows.append((r.id, r.text, md))
         mat = self._prepare_vectors(coll, records)
         ids = [r[0] for r in rows]
@@ -677,9 +758,14 @@ class Engine:
                     "(SELECT value FROM json_each(?)) RETURNING seq",
                     (coll.id, json.dumps(ids)),
                 ).fetchall()
-                ins = "INSERT INTO items (coll_id, item_id, vector, text, metadata) VALUES (?, ?, ?, ?, ?)"
+                ins = (
+                    "INSERT INTO items (coll_id, item_id, vector, text, metadata) "
+                    "VALUES (?, ?, ?, ?, ?)"
+                )
                 for i, (item_id, text, md) in enumerate(rows):
-                    seqs[i] = c.execute(ins, (coll.id, item_id, mat[i].tobytes(), text, md)).lastrowid
+                    seqs[i] = c.execute(
+                        ins, (coll.id, item_id, mat[i].tobytes(), text, md)
+                    ).lastrowid
             with coll.rw.write():
                 coll.mark_dead([s for (s,) in old])
                 coll.index.add_with_ids(mat, seqs)
@@ -692,7 +778,12 @@ class Engine:
         return len(rows)
 
     def delete(
-        self, tenant: str, name: str, *, ids: Sequence[str] | None = None, filter: Filter | None = None
+        self,
+        tenant: str,
+        name: str,
+        *,
+        ids: Sequence[str] | None = None,
+        filter: Filter | None = None,
     ) -> int:
         """Tombstone items by ids or by filter (exactly one). Returns how many were deleted."""
         coll = self._get(tenant, name)
@@ -704,14 +795,17 @@ class Engine:
             where, args = "item_id IN (SELECT value FROM json_each(?))", [json.dumps(list(ids))]
         else:
             if filter is not None and filter.is_empty():
-                raise InvalidArgument("an empty filter would delete everything; delete the collection instead")
+                raise InvalidArgument(
+                    "an empty filter would delete everything; delete the collection instead"
+                )
             where, args = compile_filter(filter)
         with coll.write_mutex:
             if coll.dropped:
                 raise NotFound(f"collection {name!r} was deleted")
             with self._tx() as c:
                 gone = c.execute(
-                    f"UPDATE items SET deleted = 1 WHERE coll_id = ? AND deleted = 0 AND ({where}) RETURNING seq",
+                    "UPDATE items SET deleted = 1 WHERE coll_id = ? AND deleted = 0 AND "
+                    f"({where}) RETURNING seq",
                     [coll.id, *args],
                 ).fetchall()
             with coll.rw.write():
@@ -731,11 +825,15 @@ class Engine:
         if not ids:
             return []
         cols = "item_id, text, metadata" + (", vector" if include_vectors else "")
-        rows = self._reader().execute(
-            f"SELECT {cols} FROM items WHERE coll_id = ? AND deleted = 0 AND item_id IN "
-            "(SELECT value FROM json_each(?))",
-            (coll.id, json.dumps(list(ids))),
-        ).fetchall()
+        rows = (
+            self._reader()
+            .execute(
+                f"SELECT {cols} FROM items WHERE coll_id = ? AND deleted = 0 AND item_id IN "
+                "(SELECT value FROM json_each(?))",
+                (coll.id, json.dumps(list(ids))),
+            )
+            .fetchall()
+        )
         by_id = {r[0]: r for r in rows}
         out, seen = [], set()
         for i in ids:
@@ -754,17 +852,25 @@ class Engine:
             raise InvalidArgument("batch must be positive")
         last = 0
         while True:
-            rows = self._reader().execute(
-                "SELECT seq, item_id, vector, text, metadata FROM items "
-                "WHERE coll_id = ? AND deleted = 0 AND seq > ? ORDER BY seq LIMIT ?",
-                (coll.id, last, batch),
-            ).fetchall()
+            rows = (
+                self._reader()
+                .execute(
+                    "SELECT seq, item_id, vector, text, metadata FROM items "
+                    "WHERE coll_id = ? AND deleted = 0 AND seq > ? ORDER BY seq LIMIT ?",
+                    (coll.id, last, batch),
+                )
+                .fetchall()
+            )
             if not rows:
                 return
             last = rows[-1][0]
             yield [
-                Record(id=r[1], vector=np.frombuffer(r[2], dtype=np.float32).copy(), text=r[3],
-                       metadata=json.loads(r[4]))
+                Record(
+                    id=r[1],
+                    vector=np.frombuffer(r[2], dtype=np.float32).copy(),
+                    text=r[3],
+                    metadata=json.loads(r[4]),
+                )
                 for r in rows
             ]
 
@@ -774,9 +880,14 @@ class Engine:
             compile_filter(filter)
             return coll.live_count
         where, args = compile_filter(filter)
-        (n,) = self._reader().execute(
-            f"SELECT COUNT(*) FROM items WHERE coll_id = ? AND deleted = 0 AND ({where})", [coll.id, *args]
-        ).fetchone()
+        (n,) = (
+            self._reader()
+            .execute(
+                f"SELECT COUNT(*) FROM items WHERE coll_id = ? AND deleted = 0 AND ({where})",
+                [coll.id, *args],
+            )
+            .fetchone()
+        )
         return int(n)
 
     def _check_queries(self, coll: _Coll, queries: Any) -> np.ndarray:
@@ -819,7 +930,11 @@ class Engine:
         many live items match; `exhaustive` says whether the result is exact.
         """
         coll = self._get(tenant, name)
-        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or not 1 <= top_k <= MAX_TOP_K:
+        if (
+            isinstance(top_k, bool)
+            or not isinstance(top_k, (int, np.integer))
+            or not 1 <= top_k <= MAX_TOP_K
+        ):
             raise InvalidArgument(f"top_k must be from 1 to {MAX_TOP_K}, got {top_k!r}")
         k = int(top_k)
         q = self._check_queries(coll, queries)
@@ -827,9 +942,14 @@ class Engine:
         matching = None
         if filter is not None and not filter.is_empty():
             where, args = compile_filter(filter)
-            rows = self._reader().execute(
-                f"SELECT seq FROM items WHERE coll_id = ? AND deleted = 0 AND ({where})", [coll.id, *args]
-            ).fetchall()
+            rows = (
+                self._reader()
+                .execute(
+                    f"SELECT seq FROM items WHERE coll_id = ? AND deleted = 0 AND ({where})",
+                    [coll.id, *args],
+                )
+                .fetchall()
+            )
             matching = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
         elif filter is not None:
             compile_filter(filter)
@@ -851,9 +971,12 @@ class Engine:
             if (
                 matching is not None
                 and not exhaustive
-                and (n_candidates <= EXACT_SCAN_MAX or n_candidates <= EXACT_SCAN_FRACTION * coll.live_count)
+                and (
+                    n_candidates <= EXACT_SCAN_MAX
+                    or n_candidates <= EXACT_SCAN_FRACTION * coll.live_count
+                )
             ):
-                D, I = self._exact(coll, q, k, matching)
+                dist, lab = self._exact(coll, q, k, matching)
                 exhaustive = True
             else:
                 if matching is not None:
@@ -864,26 +987,32 @@ class Engine:
                     sel = coll.live_selector()
                 else:
                     sel = None
-                params = fx.search_params(kind, coll.rparams, k, sel.sel if sel is not None else None)
-                D, I = coll.index.search(q, k, params=params)
+                params = fx.search_params(
+                    kind, coll.rparams, k, sel.sel if sel is not None else None
+                )
+                dist, lab = coll.index.search(q, k, params=params)
                 if not exhaustive:
                     # an approximate index may come back short under a filter or many
                     # tombstones: redo those rows exactly so top_k is filled
                     need = min(k, n_candidates)
-                    short = np.flatnonzero((I >= 0).sum(axis=1) < need)
+                    short = np.flatnonzero((lab >= 0).sum(axis=1) < need)
                     if short.size:
-                        cand = matching if matching is not None else np.flatnonzero(coll.live).astype(np.int64)
-                        D2, I2 = self._exact(coll, q[short], k, cand)
-                        D[short], I[short] = D2, I2
+                        cand = (
+                            matching
+                            if matching is not None
+                            else np.flatnonzero(coll.live).astype(np.int64)
+                        )
+                        dist2, lab2 = self._exact(coll, q[short], k, cand)
+                        dist[short], lab[short] = dist2, lab2
                         exact_rows = short
             id_of = coll.seq_to_id
             if coll.metric == Metric.L2:
-                D = -D
-            dl, il = D.tolist(), I.tolist()
+                dist = -dist
+            dl, il = dist.tolist(), lab.tolist()
             results_raw = []
-            for drow, irow in zip(dl, il):
+            for drow, irow in zip(dl, il, strict=True):
                 hits = []
-                for s, seq in zip(drow, irow):
+                for s, seq in zip(drow, irow, strict=True):
                     if seq < 0:
                         break
                     item_id = id_of.get(seq)
@@ -896,39 +1025,55 @@ class Engine:
             want = sorted({h[0] for hits in results_raw for h in hits})
             if want:
                 for seq, text, md in self._reader().execute(
-                    "SELECT seq, text, metadata FROM items WHERE seq IN (SELECT value FROM json_each(?))",
+                    "SELECT seq, text, metadata FROM items WHERE seq IN (SELECT value FROM "
+                    "json_each(?))",
                     (json.dumps(want),),
                 ):
-                    extra[seq] = (text if include_text else "", json.loads(md) if include_metadata else {})
+                    extra[seq] = (
+                        text if include_text else "",
+                        json.loads(md) if include_metadata else {},
+                    )
         out = []
         for row, hits in enumerate(results_raw):
             if extra:
-                hl = [Hit(id=i, score=s, text=extra[q_][0], metadata=extra[q_][1]) for q_, i, s in hits]
+                hl = [
+                    Hit(id=i, score=s, text=extra[q_][0], metadata=extra[q_][1])
+                    for q_, i, s in hits
+                ]
             else:
                 hl = [Hit(id=i, score=s) for _, i, s in hits]
             row_exact = exhaustive or (exact_rows is not None and row in exact_rows)
             out.append(SearchResult(hits=hl, returned_k=len(hl), exhaustive=bool(row_exact)))
         return out
 
-    def _exact(self, coll: _Coll, q: np.ndarray, k: int, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _exact(
+        self, coll: _Coll, q: np.ndarray, k: int, seqs: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-k of `q` over the vectors of `seqs` (live, indexed). Called under rw."""
         if coll.kind == IndexType.IVF_PQ:  # PQ codes are lossy: read the stored vectors
-            rows = self._reader().execute(
-                "SELECT seq, vector FROM items WHERE seq IN (SELECT value FROM json_each(?)) ORDER BY seq",
-                (json.dumps(seqs.tolist()),),
-            ).fetchall()
+            rows = (
+                self._reader()
+                .execute(
+                    "SELECT seq, vector FROM items WHERE seq IN (SELECT value FROM json_each(?)) "
+                    "ORDER BY seq",
+                    (json.dumps(seqs.tolist()),),
+                )
+                .fetchall()
+            )
             seqs = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
             X = _blob_matrix([r[1] for r in rows], coll.dim)
         else:
             X = coll.index.reconstruct_batch(seqs)
         kk = min(k, X.shape[0])
-        D = np.full((q.shape[0], k), -np.inf if coll.metric != Metric.L2 else np.inf, dtype=np.float32)
-        I = np.full((q.shape[0], k), -1, dtype=np.int64)
+        dist = np.full(
+            (q.shape[0], k), -np.inf if coll.metric != Metric.L2 else np.inf, dtype=np.float32
+        )
+        lab = np.full((q.shape[0], k), -1, dtype=np.int64)
         if kk:
             d, pos = faiss.knn(q, np.ascontiguousarray(X), kk, metric=fx.faiss_metric(coll.metric))
-            D[:, :kk] = d
-            I[:, :kk] = np.where(pos >= 0, seqs[np.maximum(pos, 0)], -1)
-        return D, I
+            dist[:, :kk] = d
+            lab[:, :kk] = np.where(pos >= 0, seqs[np.maximum(pos, 0)], -1)
+        return dist, lab
 
     # ------------------------------------------------------------------ rebuild / rollback
 
@@ -954,7 +1099,11 @@ class Engine:
         generation keeps serving. Blocking: call it from a worker thread.
         """
         coll = self._get(tenant, name)
-        target = self._enum(IndexType, index_type, "index_type") if index_type is not None else coll.index_type
+        target = (
+            self._enum(IndexType, index_type, "index_type")
+            if index_type is not None
+            else coll.index_type
+        )
         if params is None:
             params = coll.params if target == coll.index_type else IndexParams()
         if not isinstance(params, IndexParams):
@@ -963,23 +1112,34 @@ class Engine:
             raise InvalidArgument(f"min_recall must be between 0 and 1, got {min_recall!r}")
         new_embedder = embedder if embedder is not None else coll.embedder
         if new_embedder != coll.embedder and reembed is None:
-            raise InvalidArgument("changing the embedder needs reembed: the stored vectors come from the old one")
+            raise InvalidArgument(
+                "changing the embedder needs reembed: the stored vectors come from the old one"
+            )
         if not coll.maint_lock.acquire(blocking=False):
             raise FailedPrecondition(
-                f"a rebuild, rollback or compaction of {name!r} is already running; wait for it to finish"
+                f"a rebuild, rollback or compaction of {name!r} is already running; wait for it "
+                "to finish"
             )
         try:
-            return self._rebuild(coll, target, params, reembed, new_embedder, float(min_recall), progress)
+            return self._rebuild(
+                coll, target, params, reembed, new_embedder, float(min_recall), progress
+            )
         finally:
             coll.maint_lock.release()
 
-    def _embed(self, reembed: Callable[[list[str]], np.ndarray], texts: list[str], metric: Metric) -> np.ndarray:
+    def _embed(
+        self, reembed: Callable[[list[str]], np.ndarray], texts: list[str], metric: Metric
+    ) -> np.ndarray:
         try:
             out = np.asarray(reembed(texts), dtype=np.float32)
         except (TypeError, ValueError) as e:
-            raise FailedPrecondition(f"re-embedding returned something that is not a vector array: {e}") from None
+            raise FailedPrecondition(
+                f"re-embedding returned something that is not a vector array: {e}"
+            ) from None
         if out.ndim != 2 or out.shape[0] != len(texts):
-            raise FailedPrecondition(f"re-embedding {len(texts)} texts returned an array of shape {out.shape}")
+            raise FailedPrecondition(
+                f"re-embedding {len(texts)} texts returned an array of shape {out.shape}"
+            )
         if not np.isfinite(out).all():
             raise FailedPrecondition("re-embedding returned NaN or infinity")
         if metric == Metric.COSINE:
@@ -1002,19 +1162,31 @@ class Engine:
             snap = coll.indexed_seq
             old_gen = coll.generation
             (gen,) = conn.execute(
-                "SELECT COALESCE(MAX(generation), 0) + 1 FROM generations WHERE coll_id = ?", (coll.id,)
+                "SELECT COALESCE(MAX(generation), 0) + 1 FROM generations WHERE coll_id = ?",
+                (coll.id,),
             ).fetchone()
             with self._tx() as c:
                 c.execute(
-                    "INSERT INTO generations (coll_id, generation, index_type, built_kind, params, requested, "
-                    "embedder, dim, state, created_at) VALUES (?, ?, ?, ?, '{}', ?, ?, ?, 'building', ?)",
-                    (coll.id, gen, target.value, target.value, _params_json(params), new_embedder, coll.dim,
-                     time.time()),
+                    "INSERT INTO generations (coll_id, generation, index_type, built_kind, "
+                    "params, requested, "
+                    "embedder, dim, state, created_at) VALUES (?, ?, ?, ?, '{}', ?, ?, ?, "
+                    "'building', ?)",
+                    (
+                        coll.id,
+                        gen,
+                        target.value,
+                        target.value,
+                        _params_json(params),
+                        new_embedder,
+                        coll.dim,
+                        time.time(),
+                    ),
                 )
         prog = _Progress(progress_cb, gen)
         try:
             (total,) = conn.execute(
-                "SELECT COUNT(*) FROM items WHERE coll_id = ? AND deleted = 0 AND seq <= ?", (coll.id, snap)
+                "SELECT COUNT(*) FROM items WHERE coll_id = ? AND deleted = 0 AND seq <= ?",
+                (coll.id, snap),
             ).fetchone()
             dim = coll.dim
             if reembed is not None:
@@ -1024,7 +1196,9 @@ class Engine:
                     for lo in range(0, len(texts), _REEMBED_BATCH):
                         vecs = self._embed(reembed, texts[lo : lo + _REEMBED_BATCH], coll.metric)
                         if vec_parts and vecs.shape[1] != vec_parts[0].shape[1]:
-                            raise FailedPrecondition("re-embedding returned vectors of varying dimension")
+                            raise FailedPrecondition(
+                                "re-embedding returned vectors of varying dimension"
+                            )
                         s = seqs[lo : lo + _REEMBED_BATCH]
                         self._stage(coll.id, gen, s, vecs)
                         seq_parts.append(s)
@@ -1032,7 +1206,9 @@ class Engine:
                         done += len(s)
                         prog.emit(done)
                 seqs_all = np.concatenate(seq_parts) if seq_parts else np.zeros(0, dtype=np.int64)
-                vecs_all = np.concatenate(vec_parts) if vec_parts else np.zeros((0, dim), dtype=np.float32)
+                vecs_all = (
+                    np.concatenate(vec_parts) if vec_parts else np.zeros((0, dim), dtype=np.float32)
+                )
                 if vec_parts:
                     dim = vecs_all.shape[1]
             else:
@@ -1048,27 +1224,37 @@ class Engine:
                 prog.emit(min(n, lo + _ADD_BATCH), note)
             prog.start("checking", n)
             recall = recall_at_k(
-                index, vecs_all, seqs_all, fx.faiss_metric(coll.metric), fx.search_params(kind, rparams, 10, None)
+                index,
+                vecs_all,
+                seqs_all,
+                fx.faiss_metric(coll.metric),
+                fx.search_params(kind, rparams, 10, None),
             )
             prog.recall = recall
             prog.emit(n, f"recall@10 {recall:.4f} against exact search")
             if recall < min_recall:
                 msg = (
-                    f"new generation {gen} of {coll.name!r} reached recall@10 {recall:.4f}, below the required "
-                    f"{min_recall}; generation {old_gen} keeps serving. Raise hnsw_ef_search / ivf_nprobe / pq_m, "
+                    f"new generation {gen} of {coll.name!r} reached recall@10 {recall:.4f}, below "
+                    "the required "
+                    f"{min_recall}; generation {old_gen} keeps serving. Raise hnsw_ef_search / "
+                    "ivf_nprobe / pq_m, "
                     f"or lower min_recall"
                 )
                 prog.emit(n, msg, phase="refused")
                 raise FailedPrecondition(msg)
             # durable before the swap, so a crash right after it loads this and catches up
             fx.write_checkpoint(coll.dir, gen, snap, faiss.serialize_index(index))
-            old_index = self._swap(coll, gen, index, kind, rparams, target, params, new_embedder, dim, snap, reembed)
+            old_index = self._swap(
+                coll, gen, index, kind, rparams, target, params, new_embedder, dim, snap, reembed
+            )
         except BaseException:
             self._abandon(coll, gen)
             raise
         # keep the old generation loadable for rollback without a full rebuild
         try:
-            fx.write_checkpoint(coll.dir, old_gen, old_index[1], faiss.serialize_index(old_index[0]))
+            fx.write_checkpoint(
+                coll.dir, old_gen, old_index[1], faiss.serialize_index(old_index[0])
+            )
         except Exception:
             log.exception("could not checkpoint previous generation %d of %s", old_gen, coll.name)
         self._checkpoint(coll)
@@ -1076,7 +1262,9 @@ class Engine:
         prog.emit(n, f"generation {gen} is serving; generation {old_gen} is kept for rollback")
         return self._info(coll)
 
-    def _plan_kind(self, target: IndexType, dim: int, params: IndexParams, n: int) -> tuple[IndexType, IndexParams, str]:
+    def _plan_kind(
+        self, target: IndexType, dim: int, params: IndexParams, n: int
+    ) -> tuple[IndexType, IndexParams, str]:
         try:
             fx.validate_params(target, dim, params)
         except ValueError as e:
@@ -1084,7 +1272,10 @@ class Engine:
         if target == IndexType.IVF_PQ:
             rp = fx.resolve_params(target, dim, params, n)
             if not fx.ivf_trainable(n, rp):
-                note = f"{n} items are too few to train ivf_pq; serving an exact flat index until a later rebuild"
+                note = (
+                    f"{n} items are too few to train ivf_pq; "
+                    "serving an exact flat index until a later rebuild"
+                )
                 return IndexType.FLAT, fx.resolve_params(IndexType.FLAT, dim, params), note
             return target, rp, ""
         return target, fx.resolve_params(target, dim, params), ""
@@ -1092,16 +1283,21 @@ class Engine:
     def _stage(self, coll_id: int, gen: int, seqs: np.ndarray, vecs: np.ndarray) -> None:
         with self._tx() as c:
             c.executemany(
-                "INSERT OR REPLACE INTO staged_vectors (coll_id, generation, seq, vector) VALUES (?, ?, ?, ?)",
-                [(coll_id, gen, int(s), v.tobytes()) for s, v in zip(seqs, vecs)],
+                "INSERT OR REPLACE INTO staged_vectors (coll_id, generation, seq, vector) VALUES "
+                "(?, ?, ?, ?)",
+                [(coll_id, gen, int(s), v.tobytes()) for s, v in zip(seqs, vecs, strict=True)],
             )
 
     def _abandon(self, coll: _Coll, gen: int) -> None:
         try:
             with self._tx() as c:
-                c.execute("DELETE FROM staged_vectors WHERE coll_id = ? AND generation = ?", (coll.id, gen))
                 c.execute(
-                    "UPDATE generations SET state = 'failed' WHERE coll_id = ? AND generation = ? AND state = 'building'",
+                    "DELETE FROM staged_vectors WHERE coll_id = ? AND generation = ?",
+                    (coll.id, gen),
+                )
+                c.execute(
+                    "UPDATE generations SET state = 'failed' WHERE coll_id = ? AND generation = ? "
+                    "AND state = 'building'",
                     (coll.id, gen),
                 )
         except Exception:
@@ -1132,35 +1328,51 @@ class Engine:
             for seqs, vecs, texts in self._iter_vectors(conn, coll, snap, None, text=True):
                 if reembed is not None:
                     vecs = np.concatenate(
-                        [self._embed(reembed, texts[lo : lo + _REEMBED_BATCH], coll.metric)
-                         for lo in range(0, len(texts), _REEMBED_BATCH)]
+                        [
+                            self._embed(reembed, texts[lo : lo + _REEMBED_BATCH], coll.metric)
+                            for lo in range(0, len(texts), _REEMBED_BATCH)
+                        ]
                     )
                     self._stage(coll.id, gen, seqs, vecs)
                 index.add_with_ids(vecs, seqs)
             old_gen = coll.generation
             with self._tx() as c:
-                retired = [g for (g,) in c.execute(
-                    "SELECT generation FROM generations WHERE coll_id = ? AND state = 'previous'", (coll.id,))]
+                retired = [
+                    g
+                    for (g,) in c.execute(
+                        "SELECT generation FROM generations WHERE coll_id = ? AND state = "
+                        "'previous'",
+                        (coll.id,),
+                    )
+                ]
                 c.execute("DELETE FROM prev_vectors WHERE coll_id = ?", (coll.id,))
                 if reembed is not None:
                     c.execute(
-                        "INSERT INTO prev_vectors (coll_id, generation, seq, vector) SELECT coll_id, ?, seq, vector "
+                        "INSERT INTO prev_vectors (coll_id, generation, seq, vector) SELECT "
+                        "coll_id, ?, seq, vector "
                         "FROM items WHERE coll_id = ? AND seq IN "
                         "(SELECT seq FROM staged_vectors WHERE coll_id = ? AND generation = ?)",
                         (old_gen, coll.id, coll.id, gen),
                     )
                     c.execute(
-                        "UPDATE items SET vector = (SELECT s.vector FROM staged_vectors s WHERE s.coll_id = ? "
+                        "UPDATE items SET vector = (SELECT s.vector FROM staged_vectors s WHERE "
+                        "s.coll_id = ? "
                         "AND s.generation = ? AND s.seq = items.seq) WHERE coll_id = ? AND seq IN "
                         "(SELECT seq FROM staged_vectors WHERE coll_id = ? AND generation = ?)",
                         (coll.id, gen, coll.id, coll.id, gen),
                     )
-                    c.execute("DELETE FROM staged_vectors WHERE coll_id = ? AND generation = ?", (coll.id, gen))
+                    c.execute(
+                        "DELETE FROM staged_vectors WHERE coll_id = ? AND generation = ?",
+                        (coll.id, gen),
+                    )
                 c.execute(
-                    "UPDATE generations SET state = 'retired' WHERE coll_id = ? AND state = 'previous'", (coll.id,)
+                    "UPDATE generations SET state = 'retired' WHERE coll_id = ? AND state = "
+                    "'previous'",
+                    (coll.id,),
                 )
                 c.execute(
-                    "UPDATE generations SET state = 'previous' WHERE coll_id = ? AND generation = ?",
+                    "UPDATE generations SET state = 'previous' WHERE coll_id = ? AND generation = "
+                    "?",
                     (coll.id, old_gen),
                 )
                 c.execute(
@@ -1169,7 +1381,8 @@ class Engine:
                     (kind.value, _params_json(rparams), dim, coll.id, gen),
                 )
                 c.execute(
-                    "UPDATE collections SET generation = ?, index_type = ?, params = ?, embedder = ?, dim = ? "
+                    "UPDATE collections SET generation = ?, index_type = ?, params = ?, embedder "
+                    "= ?, dim = ? "
                     "WHERE id = ?",
                     (gen, target.value, _params_json(params), new_embedder, dim, coll.id),
                 )
@@ -1194,7 +1407,8 @@ class Engine:
         coll = self._get(tenant, name)
         if not coll.maint_lock.acquire(blocking=False):
             raise FailedPrecondition(
-                f"a rebuild, rollback or compaction of {name!r} is already running; wait for it to finish"
+                f"a rebuild, rollback or compaction of {name!r} is already running; wait for it "
+                "to finish"
             )
         try:
             conn = self._reader()
@@ -1204,38 +1418,59 @@ class Engine:
                 (coll.id,),
             ).fetchone()
             if row is None:
-                raise FailedPrecondition(f"collection {name!r} has no previous generation to roll back to")
+                raise FailedPrecondition(
+                    f"collection {name!r} has no previous generation to roll back to"
+                )
             prev, prev_type, prev_req, prev_emb, prev_dim = row
             with coll.write_mutex:
                 cur = coll.generation
                 with self._tx() as c:
                     c.execute(
-                        "UPDATE items SET vector = (SELECT p.vector FROM prev_vectors p WHERE p.coll_id = ? "
+                        "UPDATE items SET vector = (SELECT p.vector FROM prev_vectors p WHERE "
+                        "p.coll_id = ? "
                         "AND p.generation = ? AND p.seq = items.seq) WHERE coll_id = ? AND seq IN "
                         "(SELECT seq FROM prev_vectors WHERE coll_id = ? AND generation = ?)",
                         (coll.id, prev, coll.id, coll.id, prev),
                     )
                     c.execute("DELETE FROM prev_vectors WHERE coll_id = ?", (coll.id,))
                     c.execute(
-                        "UPDATE generations SET state = 'retired' WHERE coll_id = ? AND generation = ?", (coll.id, cur)
+                        "UPDATE generations SET state = 'retired' WHERE coll_id = ? AND "
+                        "generation = ?",
+                        (coll.id, cur),
                     )
                     c.execute(
-                        "UPDATE generations SET state = 'active' WHERE coll_id = ? AND generation = ?", (coll.id, prev)
+                        "UPDATE generations SET state = 'active' WHERE coll_id = ? AND generation "
+                        "= ?",
+                        (coll.id, prev),
                     )
                     c.execute(
-                        "UPDATE collections SET generation = ?, index_type = ?, params = ?, embedder = ?, dim = ? "
+                        "UPDATE collections SET generation = ?, index_type = ?, params = ?, "
+                        "embedder = ?, dim = ? "
                         "WHERE id = ?",
                         (prev, prev_type, prev_req, prev_emb, prev_dim, coll.id),
                     )
                 kind, rparams, _ = self._gen_row(conn, coll.id, prev)
                 shadow = _Coll(
-                    id=coll.id, tenant=coll.tenant, name=coll.name, dim=prev_dim, metric=coll.metric,
-                    index_type=IndexType(prev_type), embedder=prev_emb, params=_params_from(prev_req),
-                    generation=prev, created_at=coll.created_at, dir=coll.dir,
+                    id=coll.id,
+                    tenant=coll.tenant,
+                    name=coll.name,
+                    dim=prev_dim,
+                    metric=coll.metric,
+                    index_type=IndexType(prev_type),
+                    embedder=prev_emb,
+                    params=_params_from(prev_req),
+                    generation=prev,
+                    created_at=coll.created_at,
+                    dir=coll.dir,
                 )
                 index = self._index_from_store(conn, shadow, prev, kind, rparams)
                 with coll.rw.write():
-                    coll.index, coll.kind, coll.rparams, coll.generation = index, kind, rparams, prev
+                    coll.index, coll.kind, coll.rparams, coll.generation = (
+                        index,
+                        kind,
+                        rparams,
+                        prev,
+                    )
                     coll.index_type, coll.params = shadow.index_type, shadow.params
                     coll.embedder, coll.dim = prev_emb, prev_dim
                     coll._live_sel = None
@@ -1261,7 +1496,8 @@ class Engine:
         for coll in colls:
             if not coll.maint_lock.acquire(blocking=False):
                 raise FailedPrecondition(
-                    f"a rebuild, rollback or compaction of {coll.name!r} is already running; try again later"
+                    f"a rebuild, rollback or compaction of {coll.name!r} is already running; try "
+                    "again later"
                 )
             try:
                 removed += self._compact(coll)
@@ -1278,11 +1514,17 @@ class Engine:
                     "(SELECT seq FROM items WHERE coll_id = ? AND deleted = 1)",
                     (coll.id, coll.id),
                 )
-                removed = c.execute("DELETE FROM items WHERE coll_id = ? AND deleted = 1", (coll.id,)).rowcount
+                removed = c.execute(
+                    "DELETE FROM items WHERE coll_id = ? AND deleted = 1", (coll.id,)
+                ).rowcount
             snap = coll.indexed_seq
             with coll.rw.read():
                 stale = coll.index.ntotal > coll.live_count
-                template = faiss.clone_index(coll.index) if stale and coll.kind == IndexType.IVF_PQ else None
+                template = (
+                    faiss.clone_index(coll.index)
+                    if stale and coll.kind == IndexType.IVF_PQ
+                    else None
+                )
                 kind, rparams, gen = coll.kind, coll.rparams, coll.generation
         if stale:
             if template is not None:  # keep the trained quantizer and codebooks
@@ -1353,7 +1595,8 @@ class Engine:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 raise FailedPrecondition(
-                    f"data directory {dst.name!r} is in use by a running Engine; stop it before restoring"
+                    f"data directory {dst.name!r} is in use by a running Engine; stop it before "
+                    "restoring"
                 ) from None
             try:
                 for suffix in ("", "-wal", "-shm"):

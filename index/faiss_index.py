@@ -72,7 +72,14 @@ def resolve_params(index_type: IndexType, dim: int, params: IndexParams, n: int 
 
 def validate_params(index_type: IndexType, dim: int, params: IndexParams) -> None:
     """Raise ValueError with a readable message for impossible parameters."""
-    for name in ("hnsw_m", "hnsw_ef_construction", "hnsw_ef_search", "ivf_nlist", "ivf_nprobe", "pq_m"):
+    for name in (
+        "hnsw_m",
+        "hnsw_ef_construction",
+        "hnsw_ef_search",
+        "ivf_nlist",
+        "ivf_nprobe",
+        "pq_m",
+    ):
         v = getattr(params, name)
         if not isinstance(v, int) or v < 0:
             raise ValueError(f"index parameter {name} must be a non-negative integer, got {v!r}")
@@ -94,7 +101,9 @@ def pq_nbits(n: int) -> int:
     return int(min(8, max(4, math.floor(math.log2(max(n, 16) / 39)))))
 
 
-def new_index(kind: IndexType, dim: int, metric: Metric, params: IndexParams, n: int = 0) -> faiss.IndexIDMap2:
+def new_index(
+    kind: IndexType, dim: int, metric: Metric, params: IndexParams, n: int = 0
+) -> faiss.IndexIDMap2:
     """An empty index of `kind` (resolved params); `n` is how many vectors it will train on.
     IVF-PQ comes back untrained."""
     fm = faiss_metric(metric)
@@ -107,7 +116,9 @@ def new_index(kind: IndexType, dim: int, metric: Metric, params: IndexParams, n:
     if kind == IndexType.IVF_PQ:
         # "np": no polysemous training, which costs ~20x the rest of training and only
         # helps Hamming-filtered search, which we do not use
-        return faiss.index_factory(dim, f"IDMap2,IVF{params.ivf_nlist},PQ{params.pq_m}x{pq_nbits(n)}np", fm)
+        return faiss.index_factory(
+            dim, f"IDMap2,IVF{params.ivf_nlist},PQ{params.pq_m}x{pq_nbits(n)}np", fm
+        )
     raise ValueError(f"unknown index kind {kind!r}")
 
 

@@ -34,7 +34,9 @@ def _where(section: str, i: int, cond: Any) -> str:
 
 def _json_path(field: Any, where: str) -> str:
     if not isinstance(field, str) or not field:
-        raise InvalidArgument(f"{where}: field name is empty; name a metadata field, e.g. 'author.name'")
+        raise InvalidArgument(
+            f"{where}: field name is empty; name a metadata field, e.g. 'author.name'"
+        )
     if len(field) > _MAX_FIELD_LEN:
         raise InvalidArgument(f"{where}: field name longer than {_MAX_FIELD_LEN} characters")
     parts = field.split(".")
@@ -42,14 +44,17 @@ def _json_path(field: Any, where: str) -> str:
         if not part:
             raise InvalidArgument(f"{where}: field {field!r} has an empty path segment")
         if '"' in part or any(ord(c) < 32 for c in part):
-            raise InvalidArgument(f"{where}: field {field!r} may not contain quotes or control characters")
+            raise InvalidArgument(
+                f"{where}: field {field!r} may not contain quotes or control characters"
+            )
     return "$" + "".join(f'."{p}"' for p in parts)
 
 
 def _check_scalar(value: Any, where: str) -> None:
     if not isinstance(value, _SCALARS):
         raise InvalidArgument(
-            f"{where}: value {value!r} is a {type(value).__name__}; expected a string, number, bool or null"
+            f"{where}: value {value!r} is a {type(value).__name__}; expected a string, number, "
+            "bool or null"
         )
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidArgument(f"{where}: value {value!r} is not a finite number")
@@ -125,13 +130,17 @@ def _condition_sql(cond: Any, where: str, args: list[Any]) -> str:
         sym = {FilterOp.GT: ">", FilterOp.GTE: ">=", FilterOp.LT: "<", FilterOp.LTE: "<="}[op]
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise InvalidArgument(
-                f"{where}: op '{op.value}' compares numbers or strings; got {type(value).__name__} {value!r}"
+                f"{where}: op '{op.value}' compares numbers or strings; got "
+                f"{type(value).__name__} {value!r}"
             )
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidArgument(f"{where}: value {value!r} is not a finite number")
         types = "('text')" if isinstance(value, str) else _NUM_TYPES
         args.extend([path, path, value])
-        return f"COALESCE((json_type(metadata, ?) IN {types} AND json_extract(metadata, ?) {sym} ?), 0)"
+        return (
+            f"COALESCE((json_type(metadata, ?) IN {types} "
+            f"AND json_extract(metadata, ?) {sym} ?), 0)"
+        )
 
     # EXISTS
     if value is None:

@@ -53,12 +53,14 @@ CREATE TABLE IF NOT EXISTS generations (
 );
 -- Vectors re-embedded by a rebuild that has not swapped yet.
 CREATE TABLE IF NOT EXISTS staged_vectors (
-    coll_id INTEGER NOT NULL, generation INTEGER NOT NULL, seq INTEGER NOT NULL, vector BLOB NOT NULL,
+    coll_id INTEGER NOT NULL, generation INTEGER NOT NULL,
+    seq INTEGER NOT NULL, vector BLOB NOT NULL,
     PRIMARY KEY (coll_id, generation, seq)
 );
 -- The vectors a re-embedding rebuild replaced, kept so `rollback` can restore them.
 CREATE TABLE IF NOT EXISTS prev_vectors (
-    coll_id INTEGER NOT NULL, generation INTEGER NOT NULL, seq INTEGER NOT NULL, vector BLOB NOT NULL,
+    coll_id INTEGER NOT NULL, generation INTEGER NOT NULL,
+    seq INTEGER NOT NULL, vector BLOB NOT NULL,
     PRIMARY KEY (coll_id, generation, seq)
 );
 """

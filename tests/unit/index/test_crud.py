@@ -12,8 +12,12 @@ from .vectors import make_records, make_vectors, normalise
 T = "default"
 
 
-def _create(engine: Engine, name: str = "docs", dim: int = 8, metric=Metric.L2, kind=IndexType.FLAT):
-    return engine.create_collection(T, name, dim=dim, metric=metric, index_type=kind, embedder="fake@1")
+def _create(
+    engine: Engine, name: str = "docs", dim: int = 8, metric=Metric.L2, kind=IndexType.FLAT
+):
+    return engine.create_collection(
+        T, name, dim=dim, metric=metric, index_type=kind, embedder="fake@1"
+    )
 
 
 def test_create_list_describe_delete(engine):
@@ -37,7 +41,9 @@ def test_create_list_describe_delete(engine):
 
 def test_tenants_are_separate(engine):
     for tenant in ("t1", "t2"):
-        engine.create_collection(tenant, "c", dim=2, metric=Metric.IP, index_type=IndexType.FLAT, embedder="e")
+        engine.create_collection(
+            tenant, "c", dim=2, metric=Metric.IP, index_type=IndexType.FLAT, embedder="e"
+        )
     engine.upsert("t1", "c", [Record("x", np.ones(2, np.float32))])
     assert engine.describe("t1", "c").count == 1
     assert engine.describe("t2", "c").count == 0
@@ -83,7 +89,9 @@ def test_delete_by_ids_and_filter_are_tombstones(engine):
     x = make_vectors(20, 8, seed=1)
     engine.upsert(T, "docs", make_records(x, metadata=lambda i: {"even": i % 2 == 0}))
     assert engine.delete(T, "docs", ids=["id0", "id1", "nope"]) == 2
-    assert engine.delete(T, "docs", filter=Filter(must=(Condition("even", FilterOp.EQ, True),))) == 9
+    assert (
+        engine.delete(T, "docs", filter=Filter(must=(Condition("even", FilterOp.EQ, True),))) == 9
+    )
     info = engine.describe(T, "docs")
     assert (info.count, info.tombstones) == (9, 11)
     res = engine.search(T, "docs", x, 20)
@@ -130,9 +138,15 @@ def test_iter_records_stable_order_live_only(engine):
 
 def test_set_embedder_and_params_round_trip(engine):
     p = IndexParams(hnsw_m=8, hnsw_ef_search=40)
-    engine.create_collection(T, "h", dim=4, metric=Metric.IP, index_type=IndexType.HNSW, embedder="a@1", params=p)
+    engine.create_collection(
+        T, "h", dim=4, metric=Metric.IP, index_type=IndexType.HNSW, embedder="a@1", params=p
+    )
     info = engine.describe(T, "h")
-    assert info.params.hnsw_m == 8 and info.params.hnsw_ef_search == 40 and info.params.hnsw_ef_construction > 0
+    assert (
+        info.params.hnsw_m == 8
+        and info.params.hnsw_ef_search == 40
+        and info.params.hnsw_ef_construction > 0
+    )
     engine.set_embedder(T, "h", "b@2")
     assert engine.describe(T, "h").embedder == "b@2"
 

@@ -59,7 +59,9 @@ def test_reopen_after_close(tmp_path, kind):
 def test_crash_copy_without_close_loses_nothing(tmp_path):
     data, copy = tmp_path / "d", tmp_path / "copy"
     eng = Engine(data, checkpoint_every=100)
-    eng.create_collection(T, "c", dim=8, metric=Metric.COSINE, index_type=IndexType.HNSW, embedder="e")
+    eng.create_collection(
+        T, "c", dim=8, metric=Metric.COSINE, index_type=IndexType.HNSW, embedder="e"
+    )
     x = make_vectors(350, 8, seed=2)
     recs = make_records(x)
     for lo in range(0, 350, 70):
@@ -96,7 +98,8 @@ WRITER = textwrap.dedent(
     rng = np.random.default_rng(0)
     i = 0
     while True:
-        recs = [Record(f"k{i + j}", rng.standard_normal(8).astype(np.float32), metadata={"n": i + j})
+        recs = [Record(f"k{i + j}", rng.standard_normal(8).astype(np.float32),
+                       metadata={"n": i + j})
                 for j in range(7)]
         eng.upsert("default", "c", recs)
         if i % 3 == 0:
@@ -112,7 +115,11 @@ def test_sigkill_mid_writes_loses_no_acknowledged_write(tmp_path):
     data = tmp_path / "d"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(data)], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO
+        [sys.executable, "-c", WRITER, str(data)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
     )
     acked, deleted = -1, set()
     try:
@@ -147,7 +154,9 @@ def test_torn_checkpoint_falls_back_to_store(tmp_path, damage):
     data = tmp_path / "d"
     x = make_vectors(200, 8, seed=3)
     with Engine(data) as eng:
-        eng.create_collection(T, "c", dim=8, metric=Metric.IP, index_type=IndexType.HNSW, embedder="e")
+        eng.create_collection(
+            T, "c", dim=8, metric=Metric.IP, index_type=IndexType.HNSW, embedder="e"
+        )
         eng.upsert(T, "c", make_records(x))
     (ckpt,) = _ckpts(data)
     raw = ckpt.read_bytes()
@@ -168,7 +177,9 @@ def test_torn_checkpoint_falls_back_to_store(tmp_path, damage):
 def test_checkpoint_every_writes_a_new_checkpoint(tmp_path):
     data = tmp_path / "d"
     with Engine(data, checkpoint_every=50) as eng:
-        eng.create_collection(T, "c", dim=4, metric=Metric.L2, index_type=IndexType.FLAT, embedder="e")
+        eng.create_collection(
+            T, "c", dim=4, metric=Metric.L2, index_type=IndexType.FLAT, embedder="e"
+        )
         recs = make_records(make_vectors(120, 4))
         eng.upsert(T, "c", recs[:30])
         assert _ckpts(data) == []
@@ -189,7 +200,9 @@ def test_data_dir_in_use_is_refused(tmp_path):
 def test_orphan_index_files_are_removed_at_open(tmp_path):
     data = tmp_path / "d"
     with Engine(data) as eng:
-        eng.create_collection(T, "c", dim=4, metric=Metric.L2, index_type=IndexType.FLAT, embedder="e")
+        eng.create_collection(
+            T, "c", dim=4, metric=Metric.L2, index_type=IndexType.FLAT, embedder="e"
+        )
         eng.upsert(T, "c", make_records(make_vectors(10, 4)))
     (ckpt,) = _ckpts(data)
     stray_gen = ckpt.parent / "g7-s3-00000000.faiss"

@@ -47,8 +47,10 @@ def oracle_cond(m: dict, c: Condition) -> bool:
 
     def same(a, b):
         return type(a) is type(b) or (
-            isinstance(a, (int, float)) and isinstance(b, (int, float))
-            and not isinstance(a, bool) and not isinstance(b, bool)
+            isinstance(a, (int, float))
+            and isinstance(b, (int, float))
+            and not isinstance(a, bool)
+            and not isinstance(b, bool)
         )
 
     def eq(v):
@@ -72,8 +74,10 @@ def oracle_cond(m: dict, c: Condition) -> bool:
     if not present or isinstance(cur, (bool, list, dict)) or cur is None or not same(cur, c.value):
         return False
     return {
-        FilterOp.GT: cur > c.value, FilterOp.GTE: cur >= c.value,
-        FilterOp.LT: cur < c.value, FilterOp.LTE: cur <= c.value,
+        FilterOp.GT: cur > c.value,
+        FilterOp.GTE: cur >= c.value,
+        FilterOp.LT: cur < c.value,
+        FilterOp.LTE: cur <= c.value,
     }[op]
 
 
@@ -131,7 +135,9 @@ CASES = [
 
 @pytest.fixture
 def filled(engine):
-    engine.create_collection(T, "f", dim=4, metric=Metric.L2, index_type=IndexType.FLAT, embedder="e")
+    engine.create_collection(
+        T, "f", dim=4, metric=Metric.L2, index_type=IndexType.FLAT, embedder="e"
+    )
     engine.upsert(T, "f", make_records(make_vectors(N, 4, seed=5), metadata=meta))
     return engine
 
@@ -183,7 +189,9 @@ def test_selective_filter_fills_top_k(engine, monkeypatch, kind, selectivity):
     for row, r in enumerate(res):
         assert r.returned_k == min(k, matching.size)
         assert all(int(h.id[2:]) % every == 0 for h in r.hits)
-        recall += len({h.id for h in r.hits} & {f"id{matching[p]}" for p in exp_p[row]}) / len(exp_p[row])
+        recall += len({h.id for h in r.hits} & {f"id{matching[p]}" for p in exp_p[row]}) / len(
+            exp_p[row]
+        )
         if r.exhaustive:
             np.testing.assert_allclose([h.score for h in r.hits], exp_s[row], atol=1e-5)
     assert recall / len(res) >= 0.9
@@ -194,14 +202,18 @@ def test_selective_filter_fills_top_k(engine, monkeypatch, kind, selectivity):
 def test_hnsw_short_filter_falls_back_to_exact(engine):
     # 12 matches among 3000 on hnsw: the exact scan answers, so results fill and are exact
     x = make_vectors(3000, 8, seed=9)
-    engine.create_collection(T, "s", dim=8, metric=Metric.IP, index_type=IndexType.HNSW, embedder="e")
+    engine.create_collection(
+        T, "s", dim=8, metric=Metric.IP, index_type=IndexType.HNSW, embedder="e"
+    )
     engine.upsert(T, "s", make_records(x, metadata=lambda i: {"g": i % 250}))
     (res,) = engine.search(T, "s", x[0], 20, filter=Filter(must=(C("g", FilterOp.EQ, 0),)))
     assert res.returned_k == 12 and res.exhaustive
 
 
 def test_filter_excludes_tombstoned_versions(engine):
-    engine.create_collection(T, "s", dim=4, metric=Metric.L2, index_type=IndexType.HNSW, embedder="e")
+    engine.create_collection(
+        T, "s", dim=4, metric=Metric.L2, index_type=IndexType.HNSW, embedder="e"
+    )
     x = make_vectors(50, 4, seed=10)
     engine.upsert(T, "s", make_records(x, metadata=lambda i: {"v": 1}))
     engine.upsert(T, "s", make_records(x[:10], metadata=lambda i: {"v": 2}))

@@ -61,7 +61,9 @@ def test_rebuild_under_concurrent_upserts_and_searches(engine):
         q = make_vectors(4, dim, seed=7)
         try:
             while not stop.is_set():
-                res = engine.search(T, "c", q, 10, filter=Filter(must=(Condition("i", FilterOp.LT, 2000),)))
+                res = engine.search(
+                    T, "c", q, 10, filter=Filter(must=(Condition("i", FilterOp.LT, 2000),))
+                )
                 assert all(r.returned_k == 10 for r in res)
                 assert all(r.returned_k == 10 for r in engine.search(T, "c", q, 10))
                 searches += 1
@@ -96,7 +98,7 @@ def test_rebuild_under_concurrent_upserts_and_searches(engine):
     got = engine.get(T, "c", written, include_vectors=True)
     assert len(got) == len(written)
     res = engine.search(T, "c", np.stack([r.vector for r in got]), 1)
-    found = sum(r.hits[0].id == g.id for r, g in zip(res, got))
+    found = sum(r.hits[0].id == g.id for r, g in zip(res, got, strict=True))
     assert found >= 0.99 * len(got)
     phases = [p.phase for p in reports]
     assert phases[0] == "indexing" and "checking" in phases and phases[-1] == "swapped"
@@ -109,8 +111,12 @@ def test_refused_rebuild_keeps_old_generation(engine):
     _fill(engine, 3000, dim, metric=Metric.L2)
     reports: list[RebuildProgress] = []
     weak = IndexParams(hnsw_m=2, hnsw_ef_construction=8, hnsw_ef_search=1)
-    with pytest.raises(FailedPrecondition, match=r"recall@10 0\.\d+, below the required 0\.99; generation 1"):
-        engine.rebuild(T, "c", index_type=IndexType.HNSW, params=weak, min_recall=0.99, progress=reports.append)
+    with pytest.raises(
+        FailedPrecondition, match=r"recall@10 0\.\d+, below the required 0\.99; generation 1"
+    ):
+        engine.rebuild(
+            T, "c", index_type=IndexType.HNSW, params=weak, min_recall=0.99, progress=reports.append
+        )
     assert reports[-1].phase == "refused" and reports[-1].recall < 0.99
     info = engine.describe(T, "c")
     assert (info.generation, info.index_type) == (1, IndexType.FLAT)
@@ -150,7 +156,10 @@ def test_rollback_survives_restart(tmp_path):
 def _fake_embedder(dim: int, salt: int):
     def embed(texts: list[str]) -> np.ndarray:
         return np.stack(
-            [np.random.default_rng(abs(hash((t, salt))) % (1 << 32)).standard_normal(dim) for t in texts]
+            [
+                np.random.default_rng(abs(hash((t, salt))) % (1 << 32)).standard_normal(dim)
+                for t in texts
+            ]
         ).astype(np.float32)
 
     return embed
@@ -199,7 +208,9 @@ def test_reembed_with_bad_output_is_refused(engine):
 
 
 def test_ivf_pq_trains_at_rebuild_and_falls_back_to_flat(engine):
-    engine.create_collection(T, "c", dim=16, metric=Metric.L2, index_type=IndexType.IVF_PQ, embedder="e")
+    engine.create_collection(
+        T, "c", dim=16, metric=Metric.L2, index_type=IndexType.IVF_PQ, embedder="e"
+    )
     x = make_vectors(3000, 16, seed=3, clusters=30)
     engine.upsert(T, "c", make_records(x[:100], metadata=lambda i: {"i": i}))
     (res,) = engine.search(T, "c", x[0], 5)
@@ -222,7 +233,9 @@ def test_compact_drops_tombstones(tmp_path):
     data = tmp_path / "d"
     with Engine(data) as eng:
         x = _fill(eng, 1000, 8, kind=IndexType.HNSW)
-        eng.create_collection(T, "other", dim=4, metric=Metric.L2, index_type=IndexType.FLAT, embedder="e")
+        eng.create_collection(
+            T, "other", dim=4, metric=Metric.L2, index_type=IndexType.FLAT, embedder="e"
+        )
         eng.upsert(T, "other", make_records(make_vectors(10, 4)))
         eng.delete(T, "other", ids=["id0"])
         eng.delete(T, "c", ids=[f"id{i}" for i in range(100)])
@@ -236,7 +249,11 @@ def test_compact_drops_tombstones(tmp_path):
         assert [[h.id for h in r.hits] for r in eng.search(T, "c", q, 10)] == before
         assert eng.compact(T) == 1  # tenant-wide: only "other" had tombstones left
         assert eng.compact(T) == 0
-        (n,) = sqlite3.connect(eng.db_path).execute("SELECT COUNT(*) FROM items WHERE deleted = 1").fetchone()
+        (n,) = (
+            sqlite3.connect(eng.db_path)
+            .execute("SELECT COUNT(*) FROM items WHERE deleted = 1")
+            .fetchone()
+        )
         assert n == 0
     with Engine(data) as eng:
         assert eng.describe(T, "c").tombstones == 0
@@ -261,7 +278,9 @@ def test_snapshot_and_restore(tmp_path):
         assert not eng.get(T, "c", ["after"])
         (res,) = eng.search(T, "c", x[3], 1)
         assert res.hits[0].id == "id3"
-        assert eng.rollback(T, "c").index_type == IndexType.HNSW  # the previous generation came along
+        assert (
+            eng.rollback(T, "c").index_type == IndexType.HNSW
+        )  # the previous generation came along
         eng.upsert(T, "c", [Record("new", np.ones(8, np.float32))])
     # restoring over a stopped data directory replaces it
     Engine.restore(snap, data)
@@ -281,7 +300,9 @@ def test_rebuild_interrupted_by_crash_serves_old_generation(tmp_path):
             if p.phase == "checking" and not crashed.exists():
                 shutil.copytree(data, crashed)  # the process "dies" here: staged vectors, no swap
 
-        eng.rebuild(T, "c", index_type=IndexType.HNSW, reembed=new, embedder="new@1", progress=progress)
+        eng.rebuild(
+            T, "c", index_type=IndexType.HNSW, reembed=new, embedder="new@1", progress=progress
+        )
     with Engine(crashed) as eng:
         info = eng.describe(T, "c")
         assert (info.generation, info.index_type, info.embedder) == (1, IndexType.FLAT, "old@1")
@@ -289,7 +310,9 @@ def test_rebuild_interrupted_by_crash_serves_old_generation(tmp_path):
         np.testing.assert_allclose(rec.vector, normalise(x[4]), rtol=1e-5)
         con = sqlite3.connect(eng.db_path)
         assert con.execute("SELECT COUNT(*) FROM staged_vectors").fetchone() == (0,)
-        assert con.execute("SELECT state FROM generations WHERE generation = 2").fetchone() == ("failed",)
+        assert con.execute("SELECT state FROM generations WHERE generation = 2").fetchone() == (
+            "failed",
+        )
         con.close()
         assert not list((crashed / "indexes").rglob("g2-*"))
         # and a new rebuild works

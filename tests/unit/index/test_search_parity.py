@@ -17,7 +17,7 @@ def assert_same_topk(hits, exp_scores, exp_pos, *, atol=1e-5):
     got_scores = np.array([h.score for h in hits])
     np.testing.assert_allclose(got_scores, exp_scores, atol=atol, rtol=1e-5)
     kth = exp_scores[-1]
-    must = {f"id{p}" for p, s in zip(exp_pos, exp_scores) if s > kth + atol}
+    must = {f"id{p}" for p, s in zip(exp_pos, exp_scores, strict=True) if s > kth + atol}
     got = [h.id for h in hits]
     assert must <= set(got)
     assert len(set(got)) == len(got)
@@ -28,7 +28,9 @@ def test_flat_matches_numpy(engine, metric):
     dim, n, k = 24, 3000, 10
     x = make_vectors(n, dim, seed=11)
     x[100:110] = x[5]  # exact duplicates: ties at every rank
-    engine.create_collection(T, "p", dim=dim, metric=metric, index_type=IndexType.FLAT, embedder="e")
+    engine.create_collection(
+        T, "p", dim=dim, metric=metric, index_type=IndexType.FLAT, embedder="e"
+    )
     recs = make_records(x)
     for lo in range(0, n, 1000):
         engine.upsert(T, "p", recs[lo : lo + 1000])
@@ -46,7 +48,9 @@ def test_flat_matches_numpy(engine, metric):
 def test_flat_matches_numpy_after_replacements(engine, metric):
     dim, n = 16, 500
     x = make_vectors(n, dim, seed=21)
-    engine.create_collection(T, "p", dim=dim, metric=metric, index_type=IndexType.FLAT, embedder="e")
+    engine.create_collection(
+        T, "p", dim=dim, metric=metric, index_type=IndexType.FLAT, embedder="e"
+    )
     engine.upsert(T, "p", make_records(x))
     y = make_vectors(100, dim, seed=22)
     x[:100] = y
@@ -62,18 +66,24 @@ def test_flat_matches_numpy_after_replacements(engine, metric):
 def _recall(engine, x, q, k, metric):
     _, exp_p = brute_force(x, q, k, metric)
     res = engine.search(T, "h", q, k)
-    hits = sum(len({h.id for h in r.hits} & {f"id{p}" for p in exp_p[i]}) for i, r in enumerate(res))
+    hits = sum(
+        len({h.id for h in r.hits} & {f"id{p}" for p in exp_p[i]}) for i, r in enumerate(res)
+    )
     return hits / (len(q) * k), res
 
 
-@pytest.mark.parametrize(("metric", "n"), [(Metric.COSINE, 10_000), (Metric.IP, 3000), (Metric.L2, 3000)])
+@pytest.mark.parametrize(
+    ("metric", "n"), [(Metric.COSINE, 10_000), (Metric.IP, 3000), (Metric.L2, 3000)]
+)
 def test_hnsw_recall_at_defaults(engine, metric, n):
     # unstructured gaussian data is the hard case for a graph index; queries come from
     # the same distribution as the data
     dim = 64
     allx = make_vectors(n + 200, dim, seed=31)
     x, q = allx[:n], allx[n:]
-    engine.create_collection(T, "h", dim=dim, metric=metric, index_type=IndexType.HNSW, embedder="e")
+    engine.create_collection(
+        T, "h", dim=dim, metric=metric, index_type=IndexType.HNSW, embedder="e"
+    )
     recs = make_records(x)
     for lo in range(0, n, 2000):
         engine.upsert(T, "h", recs[lo : lo + 2000])
@@ -85,7 +95,9 @@ def test_hnsw_recall_at_defaults(engine, metric, n):
 
 def test_batched_queries_equal_single_queries(engine):
     x = make_vectors(1000, 8, seed=41)
-    engine.create_collection(T, "p", dim=8, metric=Metric.IP, index_type=IndexType.FLAT, embedder="e")
+    engine.create_collection(
+        T, "p", dim=8, metric=Metric.IP, index_type=IndexType.FLAT, embedder="e"
+    )
     engine.upsert(T, "p", make_records(x))
     q = make_vectors(5, 8, seed=42)
     batched = engine.search(T, "p", q, 7)

@@ -12,7 +12,9 @@ T = "default"
 
 @pytest.fixture
 def coll(engine):
-    engine.create_collection(T, "c", dim=4, metric=Metric.COSINE, index_type=IndexType.FLAT, embedder="e")
+    engine.create_collection(
+        T, "c", dim=4, metric=Metric.COSINE, index_type=IndexType.FLAT, embedder="e"
+    )
     engine.upsert(T, "c", [Record("a", np.ones(4, np.float32), metadata={"x": 1})])
     return engine
 
@@ -20,27 +22,43 @@ def coll(engine):
 @pytest.mark.parametrize("name", ["", "a b", "x" * 129, "semi;colon", "ü"])
 def test_bad_collection_names(engine, name):
     with pytest.raises(InvalidArgument, match="collection name"):
-        engine.create_collection(T, name, dim=4, metric=Metric.L2, index_type=IndexType.FLAT, embedder="e")
+        engine.create_collection(
+            T, name, dim=4, metric=Metric.L2, index_type=IndexType.FLAT, embedder="e"
+        )
 
 
 def test_good_collection_name_edges(engine):
-    engine.create_collection(T, "A-b_c.9" + "x" * 121, dim=1, metric="l2", index_type="flat", embedder="e")
+    engine.create_collection(
+        T, "A-b_c.9" + "x" * 121, dim=1, metric="l2", index_type="flat", embedder="e"
+    )
 
 
 @pytest.mark.parametrize("dim", [0, -1, 65537, 2.5, True])
 def test_bad_dim(engine, dim):
     with pytest.raises(InvalidArgument, match="dim must be"):
-        engine.create_collection(T, "c", dim=dim, metric=Metric.L2, index_type=IndexType.FLAT, embedder="e")
+        engine.create_collection(
+            T, "c", dim=dim, metric=Metric.L2, index_type=IndexType.FLAT, embedder="e"
+        )
 
 
 def test_unknown_metric_and_index_type(engine):
-    with pytest.raises(InvalidArgument, match="unknown metric 'dot'; expected one of cosine, ip, l2"):
-        engine.create_collection(T, "c", dim=4, metric="dot", index_type=IndexType.FLAT, embedder="e")
+    with pytest.raises(
+        InvalidArgument, match="unknown metric 'dot'; expected one of cosine, ip, l2"
+    ):
+        engine.create_collection(
+            T, "c", dim=4, metric="dot", index_type=IndexType.FLAT, embedder="e"
+        )
     with pytest.raises(InvalidArgument, match="unknown index_type 'lsh'"):
         engine.create_collection(T, "c", dim=4, metric=Metric.L2, index_type="lsh", embedder="e")
     with pytest.raises(InvalidArgument, match="pq_m 3 must divide"):
         engine.create_collection(
-            T, "c", dim=4, metric=Metric.L2, index_type=IndexType.IVF_PQ, embedder="e", params=IndexParams(pq_m=3)
+            T,
+            "c",
+            dim=4,
+            metric=Metric.L2,
+            index_type=IndexType.IVF_PQ,
+            embedder="e",
+            params=IndexParams(pq_m=3),
         )
 
 
@@ -61,7 +79,10 @@ def test_unknown_collection(engine):
 def test_upsert_validation(coll):
     with pytest.raises(InvalidArgument, match="records is empty"):
         coll.upsert(T, "c", [])
-    with pytest.raises(InvalidArgument, match=r"item 1 \(id 'b'\): vector has dimension 3, collection 'c' expects 4"):
+    with pytest.raises(
+        InvalidArgument,
+        match=r"item 1 \(id 'b'\): vector has dimension 3, collection 'c' expects 4",
+    ):
         coll.upsert(T, "c", [Record("a", np.ones(4)), Record("b", np.ones(3))])
     with pytest.raises(InvalidArgument, match="item 0 .*NaN or infinity"):
         coll.upsert(T, "c", [Record("a", np.array([1, np.inf, 0, 0]))])
@@ -127,7 +148,10 @@ def test_malformed_filters(coll, cond, message):
 
 
 def test_malformed_filter_names_section_and_position(coll):
-    flt = Filter(must=(Condition("x", FilterOp.EQ, 1),), must_not=(Condition("y", FilterOp.EQ, 1), Condition("z", "?")))
+    flt = Filter(
+        must=(Condition("x", FilterOp.EQ, 1),),
+        must_not=(Condition("y", FilterOp.EQ, 1), Condition("z", "?")),
+    )
     with pytest.raises(InvalidArgument, match=r"must_not\[1\] \(field 'z'\)"):
         coll.search(T, "c", np.ones(4), 1, filter=flt)
 

@@ -45,9 +45,7 @@ def brute_force(
     if metric == Metric.COSINE:
         base, queries = normalise(base), normalise(queries)
     if metric == Metric.L2:
-        scores = -(
-            (queries**2).sum(1)[:, None] - 2 * queries @ base.T + (base**2).sum(1)[None, :]
-        )
+        scores = -((queries**2).sum(1)[:, None] - 2 * queries @ base.T + (base**2).sum(1)[None, :])
     else:
         scores = queries @ base.T
     order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
