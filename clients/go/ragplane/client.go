@@ -7,7 +7,7 @@
 //	emb, err := c.Embed(ctx, []string{"hello world"})
 //
 // The methods cover the common calls; every RPC of the API is reachable through the
-// generated stubs in the exported fields (c.Index, c.Search, c.Admin, ...), which share the
+// generated stubs in the exported fields (c.IndexService, c.SearchService, c.AdminService, ...), which share the
 // client's connection and API key. Errors are gRPC status errors whose code says what to
 // change (status.Code(err): InvalidArgument, NotFound, Unauthenticated, ...).
 package ragplane
@@ -46,11 +46,11 @@ type Options struct {
 type Client struct {
 	conn *grpc.ClientConn
 
-	Embedding pb.EmbedServiceClient
-	Index     pb.IndexServiceClient
-	Searcher  pb.SearchServiceClient
-	Memory    pb.MemoryServiceClient
-	Admin     pb.AdminServiceClient
+	EmbedService  pb.EmbedServiceClient
+	IndexService  pb.IndexServiceClient
+	SearchService pb.SearchServiceClient
+	MemoryService pb.MemoryServiceClient
+	AdminService  pb.AdminServiceClient
 }
 
 // Dial creates a client for addr ("host:port", or any gRPC target such as "dns:///host:443").
@@ -74,12 +74,12 @@ func Dial(addr string, opts Options) (*Client, error) {
 		return nil, fmt.Errorf("ragplane: dial %s: %w", addr, err)
 	}
 	return &Client{
-		conn:      conn,
-		Embedding: pb.NewEmbedServiceClient(conn),
-		Index:     pb.NewIndexServiceClient(conn),
-		Searcher:  pb.NewSearchServiceClient(conn),
-		Memory:    pb.NewMemoryServiceClient(conn),
-		Admin:     pb.NewAdminServiceClient(conn),
+		conn:          conn,
+		EmbedService:  pb.NewEmbedServiceClient(conn),
+		IndexService:  pb.NewIndexServiceClient(conn),
+		SearchService: pb.NewSearchServiceClient(conn),
+		MemoryService: pb.NewMemoryServiceClient(conn),
+		AdminService:  pb.NewAdminServiceClient(conn),
 	}, nil
 }
 
@@ -113,9 +113,9 @@ type Embeddings struct {
 }
 
 // Embed embeds texts (L2-normalised, truncated to the model's limit) with the serving
-// embedder of the "embeddings" use case. Use c.Embedding.Embed for the other options.
+// embedder of the "embeddings" use case. Use c.EmbedService.Embed for the other options.
 func (c *Client) Embed(ctx context.Context, texts []string) (*Embeddings, error) {
-	r, err := c.Embedding.Embed(ctx, &pb.EmbedRequest{Texts: texts})
+	r, err := c.EmbedService.Embed(ctx, &pb.EmbedRequest{Texts: texts})
 	if err != nil {
 		return nil, err
 	}
@@ -128,9 +128,9 @@ func (c *Client) Embed(ctx context.Context, texts []string) (*Embeddings, error)
 }
 
 // CreateCollection creates a collection with the server's defaults: cosine, flat, the
-// embedder's dimension. Use c.Index.CreateCollection for other metrics, index types or dims.
+// embedder's dimension. Use c.IndexService.CreateCollection for other metrics, index types or dims.
 func (c *Client) CreateCollection(ctx context.Context, name string) (*pb.CollectionInfo, error) {
-	return c.Index.CreateCollection(ctx, &pb.CreateCollectionRequest{Name: name})
+	return c.IndexService.CreateCollection(ctx, &pb.CreateCollectionRequest{Name: name})
 }
 
 // Item builds an item whose text the server embeds. metadata may be nil; its values must be
@@ -150,7 +150,7 @@ func Item(id, text string, metadata map[string]any) (*pb.Item, error) {
 // Upsert inserts or replaces items by id and returns how many were written. Items without a
 // vector are embedded server-side. It returns only once the write is committed.
 func (c *Client) Upsert(ctx context.Context, collection string, items ...*pb.Item) (int64, error) {
-	r, err := c.Index.Upsert(ctx, &pb.UpsertRequest{Collection: collection, Items: items})
+	r, err := c.IndexService.Upsert(ctx, &pb.UpsertRequest{Collection: collection, Items: items})
 	if err != nil {
 		return 0, err
 	}
@@ -158,10 +158,10 @@ func (c *Client) Upsert(ctx context.Context, collection string, items ...*pb.Ite
 }
 
 // Search returns the topK items nearest to text, best first (higher score is better for
-// every metric), with their text. Use c.Searcher.Search for filters, vector queries and
+// every metric), with their text. Use c.SearchService.Search for filters, vector queries and
 // metadata; its response also says whether the result is exhaustive.
 func (c *Client) Search(ctx context.Context, collection, text string, topK int) ([]*pb.Hit, error) {
-	r, err := c.Searcher.Search(ctx, &pb.SearchRequest{
+	r, err := c.SearchService.Search(ctx, &pb.SearchRequest{
 		Collection:  collection,
 		Query:       &pb.SearchRequest_Text{Text: text},
 		TopK:        int32(topK),
@@ -174,16 +174,16 @@ func (c *Client) Search(ctx context.Context, collection, text string, topK int) 
 }
 
 // Remember stores a memory in namespace and returns its id; when a near-identical memory
-// exists, that one is updated and Deduplicated is true. Use c.Memory.Remember for
+// exists, that one is updated and Deduplicated is true. Use c.MemoryService.Remember for
 // metadata, importance and a TTL.
 func (c *Client) Remember(ctx context.Context, namespace, text string) (*pb.RememberResponse, error) {
-	return c.Memory.Remember(ctx, &pb.RememberRequest{Namespace: namespace, Text: text})
+	return c.MemoryService.Remember(ctx, &pb.RememberRequest{Namespace: namespace, Text: text})
 }
 
 // Recall returns the topK memories of namespace best matching query, by a score that
 // combines relevance, recency and importance (each memory carries the parts).
 func (c *Client) Recall(ctx context.Context, namespace, query string, topK int) ([]*pb.Memory, error) {
-	r, err := c.Memory.Recall(ctx, &pb.RecallRequest{Namespace: namespace, Query: query, TopK: int32(topK)})
+	r, err := c.MemoryService.Recall(ctx, &pb.RecallRequest{Namespace: namespace, Query: query, TopK: int32(topK)})
 	if err != nil {
 		return nil, err
 	}

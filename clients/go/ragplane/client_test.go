@@ -22,13 +22,16 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/ragplane/ragplane/clients/go/ragplane"
 	pb "github.com/ragplane/ragplane/clients/go/ragplanev1"
 )
 
-// startServer runs the Python server on port 0 and returns its address; it is stopped when
-// the test ends.
-func startServer(t *testing.T) string {
+// startServer runs the Python server on port 0 (with extra `--set` settings) and returns
+// its address; it is stopped when the test ends.
+func startServer(t *testing.T, settings ...string) string {
 	t.Helper()
 	if addr := os.Getenv("RAGPLANE_ADDR"); addr != "" {
 		return addr
@@ -56,8 +59,12 @@ func startServer(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(python, "-m", "server.cli", "serve", "--port", "0", "--embedder", "fake",
-		"--data-dir", filepath.Join(dir, "data"), "--set", "port_file="+portFile, "--set", "koder_toml=")
+	args := []string{"-m", "server.cli", "serve", "--port", "0", "--embedder", "fake",
+		"--data-dir", filepath.Join(dir, "data"), "--set", "port_file=" + portFile, "--set", "koder_toml="}
+	for _, kv := range settings {
+		args = append(args, "--set", kv)
+	}
+	cmd := exec.Command(python, args...)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1")
 	cmd.Stdout, cmd.Stderr = log, log
@@ -198,5 +205,45 @@ func TestSmokeAgainstLiveServer(t *testing.T) {
 		if mems[i].GetScore() > mems[i-1].GetScore() {
 			t.Fatalf("Recall: scores not ordered: %v", mems)
 		}
+	}
+}
+
+// The API key travels as `authorization: Bearer <key>` on every call: a server with keys
+// refuses calls without one (or with a wrong one) and serves calls with it.
+func TestAPIKeyIsSentAsBearer(t *testing.T) {
+	if os.Getenv("RAGPLANE_ADDR") != "" {
+		t.Skip("RAGPLANE_ADDR is set: this test needs a server it starts with a known key")
+	}
+	key := fmt.Sprintf("go-test-key-%d", time.Now().UnixNano())
+	addr := startServer(t, "bootstrap_admin_key="+key)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	for name, opts := range map[string]ragplane.Options{
+		"no key":    {},
+		"wrong key": {APIKey: "not-" + key, AllowPlaintextKey: true},
+	} {
+		c, err := ragplane.Dial(addr, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Embed(ctx, []string{"hello"}); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("Embed with %s: want Unauthenticated, got %v", name, err)
+		}
+		c.Close()
+	}
+	c, err := ragplane.Dial(addr, ragplane.Options{APIKey: key, AllowPlaintextKey: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if emb, err := c.Embed(ctx, []string{"hello"}); err != nil || len(emb.Vectors) != 1 {
+		t.Fatalf("Embed with the key: %v, %v", emb, err)
+	}
+}
+
+func TestDialRefusesAKeyInClear(t *testing.T) {
+	if _, err := ragplane.Dial("127.0.0.1:1", ragplane.Options{APIKey: "k"}); err == nil {
+		t.Fatal("Dial sent an API key without TLS or AllowPlaintextKey")
 	}
 }

@@ -36,8 +36,9 @@ fn venv_python(root: &Path) -> PathBuf {
     venv.join("bin/python")
 }
 
-/// Starts the Python server on port 0 and returns it with the port it bound.
-fn start_server(python: &Path, root: &Path) -> (Server, u16) {
+/// Starts the Python server on port 0 (with extra `--set` settings) and returns it with the
+/// port it bound.
+fn start_server(python: &Path, root: &Path, settings: &[String]) -> (Server, u16) {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
     let dir = std::env::temp_dir().join(format!("ragplane-rs-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -51,6 +52,7 @@ fn start_server(python: &Path, root: &Path) -> (Server, u16) {
         .arg("--set")
         .arg(format!("port_file={}", port_file.display()))
         .args(["--set", "koder_toml="])
+        .args(settings.iter().flat_map(|kv| ["--set", kv.as_str()]))
         .current_dir(root)
         .env("HF_HUB_OFFLINE", "1")
         .env("TRANSFORMERS_OFFLINE", "1")
@@ -92,7 +94,7 @@ async fn smoke_against_live_server() {
                 );
                 return;
             }
-            let (srv, port) = start_server(&python, &root);
+            let (srv, port) = start_server(&python, &root, &[]);
             _server = Some(srv);
             format!("127.0.0.1:{port}")
         }
@@ -159,4 +161,41 @@ async fn smoke_against_live_server() {
     assert_eq!(mems[0].id, m.id, "{mems:?}");
     assert_eq!(mems[0].text, fact);
     assert!(mems.windows(2).all(|w| w[0].score >= w[1].score), "{mems:?}");
+}
+
+/// The API key travels as `authorization: Bearer <key>` on every call: a server with keys
+/// refuses calls without one (or with a wrong one) and serves calls with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_key_is_sent_as_bearer() {
+    if std::env::var("RAGPLANE_ADDR").is_ok_and(|a| !a.is_empty()) {
+        eprintln!("SKIPPED api_key_is_sent_as_bearer: RAGPLANE_ADDR is set, and this test needs a server it starts with a known key");
+        return;
+    }
+    let root = repo_root();
+    let python = venv_python(&root);
+    if !python.exists() {
+        eprintln!(
+            "SKIPPED api_key_is_sent_as_bearer: no Python virtualenv at {} (run `make install` first)",
+            python.display()
+        );
+        return;
+    }
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let key = format!("rs-test-key-{nanos}");
+    let (_server, port) = start_server(&python, &root, &[format!("bootstrap_admin_key={key}")]);
+    let addr = format!("http://127.0.0.1:{port}");
+    let connect = |api_key: Option<String>| {
+        let addr = addr.clone();
+        async move {
+            let opts = Options { api_key, ..Default::default() };
+            Client::connect(addr, opts).await.expect("connect")
+        }
+    };
+
+    for (what, k) in [("no key", None), ("a wrong key", Some(format!("not-{key}")))] {
+        let err = connect(k).await.embed(["hello"]).await.expect_err(what);
+        assert_eq!(err.code(), tonic::Code::Unauthenticated, "{what}: {err}");
+    }
+    let emb = connect(Some(key)).await.embed(["hello"]).await.expect("embed with the key");
+    assert_eq!(emb.vectors.len(), 1);
 }
