@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs the Go and Rust client smoke tests, each against a live ragplane server that the
+# test starts from the Python virtualenv ($VENV, default .venv; `make install` creates it)
+# on port 0 with the fake embedder. Exits non-zero if either fails or its toolchain is
+# missing; SKIP_GO_CLIENT=1 or SKIP_RUST_CLIENT=1 leaves one out (and says so).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export VENV=${VENV:-.venv}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "test_clients.sh: no Python virtualenv at $VENV; run 'make install' first" >&2
+  exit 1
+fi
+
+need() {
+  command -v "$1" >/dev/null 2>&1 && return 0
+  echo "test_clients.sh: '$1' is not on PATH; install it, or set $2=1 to skip that client" >&2
+  exit 1
+}
+
+if [ -n "${SKIP_GO_CLIENT:-}" ]; then
+  echo "test_clients.sh: SKIP_GO_CLIENT is set; Go client not tested" >&2
+else
+  need go SKIP_GO_CLIENT
+  echo "== Go client (clients/go)"
+  (cd clients/go && go vet ./... && go test -count=1 ./...)
+fi
+
+if [ -n "${SKIP_RUST_CLIENT:-}" ]; then
+  echo "test_clients.sh: SKIP_RUST_CLIENT is set; Rust client not tested" >&2
+else
+  need cargo SKIP_RUST_CLIENT
+  echo "== Rust client (clients/rust)"
+  (cd clients/rust && cargo test --locked)
+fi
