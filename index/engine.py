@@ -27,6 +27,7 @@ import shutil
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -65,6 +66,10 @@ EXACT_SCAN_FRACTION = 0.02
 _ADD_BATCH = 4096
 _READ_BATCH = 4096
 _REEMBED_BATCH = 256
+# HNSW inserts are slow (~1 ms each); adding a large batch in chunks lets searches on the
+# collection run between chunks instead of waiting for the whole batch.
+_HNSW_ADD_CHUNK = 32
+_FILTER_CACHE_SIZE = 64
 
 
 class _RWLock:
@@ -133,6 +138,10 @@ class _Coll:
     writes_since_ckpt: int = 0
     dropped: bool = False
     _live_sel: fx.BitmapSelector | None = None
+    # bumped whenever rows are added, so cached filter results know they are stale
+    version: int = 0
+    filter_cache: OrderedDict = field(default_factory=OrderedDict)
+    cache_lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- called with rw held for writing --
     def mark_live(self, seqs: np.ndarray, ids: Sequence[str]) -> None:
@@ -146,6 +155,7 @@ class _Coll:
             self.seq_to_id.update(zip(seqs.tolist(), ids, strict=True))
             self.live_count += int(seqs.size)
             self._live_sel = None
+            self.version += 1
 
     def mark_dead(self, seqs: Sequence[int]) -> None:
         for s in seqs:
@@ -766,12 +776,18 @@ class Engine:
                     seqs[i] = c.execute(
                         ins, (coll.id, item_id, mat[i].tobytes(), text, md)
                     ).lastrowid
+            n = len(rows)
+            chunk = _HNSW_ADD_CHUNK if coll.kind == IndexType.HNSW else n
             with coll.rw.write():
                 coll.mark_dead([s for (s,) in old])
-                coll.index.add_with_ids(mat, seqs)
-                coll.mark_live(seqs, ids)
-                coll.indexed_seq = int(seqs[-1])
-                coll.writes_since_ckpt += len(rows)
+            for lo in range(0, n, chunk):
+                hi = min(n, lo + chunk)
+                with coll.rw.write():
+                    coll.index.add_with_ids(mat[lo:hi], seqs[lo:hi])
+                    coll.mark_live(seqs[lo:hi], ids[lo:hi])
+                    coll.indexed_seq = int(seqs[hi - 1])
+            with coll.rw.write():
+                coll.writes_since_ckpt += n
                 due = coll.writes_since_ckpt >= self._checkpoint_every
         if due:
             self._checkpoint(coll)
@@ -875,20 +891,44 @@ class Engine:
             ]
 
     def count_matching(self, tenant: str, name: str, filter: Filter | None) -> int:
+        """How many live items match `filter` (all live items when None or empty)."""
         coll = self._get(tenant, name)
         if filter is None or filter.is_empty():
             compile_filter(filter)
             return coll.live_count
-        where, args = compile_filter(filter)
-        (n,) = (
+        matching = self._matching(coll, filter)
+        with coll.rw.read():
+            matching = matching[matching < coll.live.shape[0]]
+            return int(np.count_nonzero(coll.live[matching]))
+
+    def _matching(self, coll: _Coll, flt: Filter) -> np.ndarray:
+        """Sequence numbers of the rows matching `flt` (possibly including rows deleted
+        since: callers intersect with the live set). Results are cached per collection
+        until rows are added, so a repeated filter skips the SQLite scan."""
+        where, args = compile_filter(flt)
+        key = (where, tuple(args))
+        version = coll.version
+        with coll.cache_lock:
+            hit = coll.filter_cache.get(key)
+            if hit is not None and hit[0] == version:
+                coll.filter_cache.move_to_end(key)
+                return hit[1]
+        rows = (
             self._reader()
             .execute(
-                f"SELECT COUNT(*) FROM items WHERE coll_id = ? AND deleted = 0 AND ({where})",
+                f"SELECT seq FROM items WHERE coll_id = ? AND deleted = 0 AND ({where})",
                 [coll.id, *args],
             )
-            .fetchone()
+            .fetchall()
         )
-        return int(n)
+        matching = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        matching.setflags(write=False)
+        with coll.cache_lock:
+            coll.filter_cache[key] = (version, matching)
+            coll.filter_cache.move_to_end(key)
+            while len(coll.filter_cache) > _FILTER_CACHE_SIZE:
+                coll.filter_cache.popitem(last=False)
+        return matching
 
     def _check_queries(self, coll: _Coll, queries: Any) -> np.ndarray:
         try:
@@ -941,16 +981,7 @@ class Engine:
         nq = q.shape[0]
         matching = None
         if filter is not None and not filter.is_empty():
-            where, args = compile_filter(filter)
-            rows = (
-                self._reader()
-                .execute(
-                    f"SELECT seq FROM items WHERE coll_id = ? AND deleted = 0 AND ({where})",
-                    [coll.id, *args],
-                )
-                .fetchall()
-            )
-            matching = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            matching = self._matching(coll, filter)
         elif filter is not None:
             compile_filter(filter)
 

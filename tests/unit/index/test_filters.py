@@ -220,3 +220,22 @@ def test_filter_excludes_tombstoned_versions(engine):
     (res,) = engine.search(T, "s", x[0], 50, filter=Filter(must=(C("v", FilterOp.EQ, 1),)))
     assert res.returned_k == 40
     assert {h.id for h in res.hits} == {f"id{i}" for i in range(10, 50)}
+
+
+def test_repeated_filter_sees_new_writes(engine):
+    # filter results are cached per collection; any write must invalidate them
+    engine.create_collection(
+        T, "s", dim=4, metric=Metric.L2, index_type=IndexType.FLAT, embedder="e"
+    )
+    x = make_vectors(20, 4, seed=11)
+    engine.upsert(T, "s", make_records(x, metadata=lambda i: {"k": i % 2}))
+    flt = Filter(must=(C("k", FilterOp.EQ, 1),))
+    assert engine.count_matching(T, "s", flt) == 10
+    assert engine.search(T, "s", x[0], 50, filter=flt)[0].returned_k == 10
+    engine.upsert(T, "s", make_records(x[:1], prefix="new", metadata=lambda i: {"k": 1}))
+    assert engine.search(T, "s", x[0], 50, filter=flt)[0].returned_k == 11
+    engine.upsert(T, "s", make_records(x[:1], prefix="new", metadata=lambda i: {"k": 0}))
+    engine.delete(T, "s", ids=["id1"])
+    (res,) = engine.search(T, "s", x[0], 50, filter=flt)
+    assert res.returned_k == 9 and {"new0", "id1"}.isdisjoint(h.id for h in res.hits)
+    assert engine.count_matching(T, "s", flt) == 9
