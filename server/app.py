@@ -21,6 +21,8 @@ from grpc_reflection.v1alpha import reflection
 
 from index import Engine
 from ragplane.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
     embed_pb2,
     embed_pb2_grpc,
     index_pb2,
@@ -30,6 +32,8 @@ from ragplane.v1 import (
     search_pb2,
     search_pb2_grpc,
 )
+from server import __version__
+from server.admin import AdminOps
 from server.auth import DEFAULT_TENANT, SCOPES, KeyStore
 from server.collections import CollectionService
 from server.embedding import Embedder, load_embedder
@@ -37,6 +41,7 @@ from server.embedding.service import EmbeddingService
 from server.errors import InvalidArgument
 from server.interceptors import ServerInterceptor
 from server.memory import MemoryService
+from server.servicers.admin import AdminServicer
 from server.servicers.embed import EmbedServicer
 from server.servicers.index import IndexServicer
 from server.servicers.memory import MemoryServicer
@@ -44,8 +49,6 @@ from server.servicers.search import SearchServicer
 from server.settings import Settings
 
 log = logging.getLogger("ragplane")
-
-__version__ = "0.1.0"
 
 
 @dataclass
@@ -58,6 +61,7 @@ class Runtime:
     collections: CollectionService
     keys: KeyStore
     memory: MemoryService
+    admin: AdminOps
     started_at: float = field(default_factory=time.time)
     extras: list = field(default_factory=list)  # more closables (memory sweeper, shadow)
 
@@ -114,7 +118,8 @@ def build_runtime(
     )
     memory.sweep()  # memories that expired while the server was down
     memory.start_sweeper(settings.memory_sweep_seconds)
-    runtime = Runtime(settings, engine, embedding, collections, keys, memory)
+    admin = AdminOps(engine, embedding, memory, keys, data_dir=data_dir, started_at=time.time())
+    runtime = Runtime(settings, engine, embedding, collections, keys, memory, admin)
     runtime.extras.append(memory)
     return runtime
 
@@ -171,14 +176,14 @@ def create_server(
     index_pb2_grpc.add_IndexServiceServicer_to_server(IndexServicer(runtime.collections), server)
     search_pb2_grpc.add_SearchServiceServicer_to_server(SearchServicer(runtime.collections), server)
     memory_pb2_grpc.add_MemoryServiceServicer_to_server(MemoryServicer(runtime.memory), server)
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(runtime.admin), server)
     services = [
         embed_pb2.DESCRIPTOR.services_by_name["EmbedService"].full_name,
         index_pb2.DESCRIPTOR.services_by_name["IndexService"].full_name,
         search_pb2.DESCRIPTOR.services_by_name["SearchService"].full_name,
         memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name,
+        admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
     ]
-    for register in _extra_services:
-        services += register(server, runtime)
 
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -210,10 +215,6 @@ class _HealthOff:
 
     def close(self) -> None:
         self._s.enter_graceful_shutdown()
-
-
-# Hooks later modules use to add services: fn(server, runtime) -> [full service names].
-_extra_services: list = []
 
 
 def _tls_credentials(settings: Settings) -> grpc.ServerCredentials:

@@ -108,12 +108,11 @@ def config_show(
 
 
 def main() -> None:
-    try:
-        from server import cli_admin  # noqa: F401  (registers `admin`, `shadow`, ...)
-    except ImportError:
-        pass
     app(prog_name="ragplane")
 
+
+# Sub-command groups register themselves on `app`; imported last, once `app` exists.
+from server import cli_admin  # noqa: E402, F401
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,6 +13,7 @@ import numpy as np
 from google.protobuf import struct_pb2
 from google.protobuf.json_format import MessageToDict, ParseDict
 
+from index.rebuild import RebuildProgress
 from index.types import (
     CollectionInfo,
     Condition,
@@ -25,9 +26,11 @@ from index.types import (
     Record,
     SearchResult,
 )
-from ragplane.v1 import common_pb2, index_pb2, memory_pb2, search_pb2
+from ragplane.v1 import admin_pb2, common_pb2, index_pb2, memory_pb2, search_pb2
+from server.auth import KeyInfo
 from server.errors import InvalidArgument
 from server.memory import Memory
+from server.shadow.types import CaseStatus
 
 METRIC_TO_PB = {
     Metric.COSINE: index_pb2.METRIC_COSINE,
@@ -75,7 +78,16 @@ def index_type_from_pb(value: int) -> IndexType:
 
 
 def struct_to_dict(s: struct_pb2.Struct) -> dict[str, Any]:
-    return MessageToDict(s) if s.fields else {}
+    return _to_json(s, "metadata") if s.fields else {}
+
+
+def _to_json(m: struct_pb2.Struct | struct_pb2.Value, what: str) -> Any:
+    # JSON has no NaN or infinity: json_format refuses them with ValueError, which is the
+    # caller's bad input, not a bug.
+    try:
+        return MessageToDict(m)
+    except ValueError as exc:
+        raise InvalidArgument(f"{what} is not valid JSON: {exc}") from None
 
 
 def dict_to_struct(d: Mapping[str, Any] | None) -> struct_pb2.Struct:
@@ -99,7 +111,7 @@ def value_to_py(v: struct_pb2.Value) -> Any:
     kind = v.WhichOneof("kind")
     if kind is None:
         return None
-    return MessageToDict(v)
+    return _to_json(v, "value")
 
 
 def py_to_value(x: Any) -> struct_pb2.Value:
@@ -301,4 +313,82 @@ def memory_from_pb(pb: memory_pb2.Memory) -> Memory:
         score=pb.score,
         relevance=pb.parts.relevance,
         recency=pb.parts.recency,
+    )
+
+
+# --- admin -----------------------------------------------------------------------------
+
+
+def rebuild_progress_to_pb(p: RebuildProgress) -> admin_pb2.RebuildProgress:
+    return admin_pb2.RebuildProgress(
+        phase=p.phase,
+        done=p.done,
+        total=p.total,
+        rate=p.rate,
+        eta_seconds=p.eta_seconds,
+        generation=p.generation,
+        recall=p.recall or 0.0,
+        message=p.message,
+    )
+
+
+def key_info_to_pb(k: KeyInfo) -> admin_pb2.KeyInfo:
+    return admin_pb2.KeyInfo(
+        key_id=k.key_id,
+        tenant=k.tenant,
+        scopes=list(k.scopes),
+        description=k.description,
+        created_at=k.created_at,
+        revoked=k.revoked,
+    )
+
+
+def shadow_summary_to_pb(c: CaseStatus) -> admin_pb2.ShadowCaseSummary:
+    return admin_pb2.ShadowCaseSummary(
+        use_case=c.use_case,
+        status=c.status,
+        serving=c.serving,
+        shadow=c.shadow if c.serving != c.shadow else c.canonical,
+        flip_eligible=c.flip_eligible,
+    )
+
+
+def shadow_case_to_pb(c: CaseStatus) -> admin_pb2.ShadowCase:
+    return admin_pb2.ShadowCase(
+        use_case=c.use_case,
+        status=c.status,
+        policy=c.policy,
+        sample_rate=c.sample_rate,
+        canonical=c.canonical,
+        shadow=c.shadow,
+        serving=c.serving,
+        gates=[
+            admin_pb2.GateResult(name=g.name, passed=g.passed, value=g.value, missing=g.missing)
+            for g in c.gates
+        ],
+        flip_eligible=c.flip_eligible,
+        releases=[
+            admin_pb2.ReleaseEvidence(
+                shadow=r.shadow,
+                samples=r.samples,
+                cosine_min=r.cosine_min,
+                cosine_p1=r.cosine_p1,
+                cosine_mean=r.cosine_mean,
+                overlap_at_10=r.overlap_at_10,
+                time_ratio=r.time_ratio,
+                time_ratio_upper=r.time_ratio_upper,
+                aa_time_ratio=r.aa_time_ratio,
+                errors=r.errors,
+                dropped=r.dropped,
+                passed_g1=r.passed_g1,
+                passed_g2=r.passed_g2,
+            )
+            for r in c.releases
+        ],
+        history=[
+            admin_pb2.FlipEvent(
+                at=h.at, action=h.action, serving=h.serving, forced=h.forced, reason=h.reason
+            )
+            for h in c.history
+        ],
     )

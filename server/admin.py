@@ -1,0 +1,153 @@
+"""Admin operations behind AdminService: rebuilds (re-embedding when the embedder changed),
+rollback, compaction, snapshots, status, and the shadow flip. Domain code only."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from index import CollectionInfo, Engine, IndexParams, IndexType, RebuildProgress
+from server import auth
+from server.auth import KeyStore
+from server.embedding.service import EmbeddingService
+from server.errors import FailedPrecondition, InvalidArgument
+from server.memory import MemoryService
+from server.shadow.types import CaseStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Status:
+    embedder: str
+    started_at: float
+    collections: list[CollectionInfo]
+    shadow: list[CaseStatus]
+    memories: int
+
+
+class AdminOps:
+    def __init__(
+        self,
+        engine: Engine,
+        embedding: EmbeddingService,
+        memory: MemoryService,
+        keys: KeyStore,
+        *,
+        data_dir: Path,
+        started_at: float,
+        shadow=None,  # server.shadow.manager.ShadowManager, when pairs are declared
+    ) -> None:
+        self.engine = engine
+        self.embedding = embedding
+        self.memory = memory
+        self.keys = keys
+        self.data_dir = data_dir
+        self.started_at = started_at
+        self.shadow = shadow
+
+    @staticmethod
+    def _tenant() -> str:
+        return auth.current.get().tenant
+
+    def rebuild(
+        self,
+        name: str,
+        *,
+        index_type: IndexType | None,
+        params: IndexParams | None,
+        reembed: bool,
+        min_recall: float,
+        progress: Callable[[RebuildProgress], None],
+    ) -> CollectionInfo:
+        tenant = self._tenant()
+        info = self.engine.describe(tenant, name)
+        if not 0.0 < min_recall <= 1.0:
+            raise InvalidArgument(f"min_recall must be in (0, 1], got {min_recall}")
+        serving = self.embedding.serving_embedder()
+        changed = bool(info.embedder) and info.embedder != serving.identity
+        if reembed and not info.embedder:
+            raise InvalidArgument(
+                f"collection {name!r} holds caller-supplied vectors; there is nothing to re-embed"
+            )
+        embed_fn = None
+        if reembed or changed:
+
+            def embed_fn(texts: list[str]):  # noqa: E306 - closure over the serving embedder
+                return self.embedding.embed(texts).vectors
+
+            log.info(
+                "rebuild of %s re-embeds with %s (was %s)", name, serving.identity, info.embedder
+            )
+        return self.engine.rebuild(
+            tenant,
+            name,
+            index_type=index_type,
+            params=params,
+            reembed=embed_fn,
+            embedder=serving.identity if embed_fn else None,
+            min_recall=min_recall,
+            progress=progress,
+        )
+
+    def rollback(self, name: str) -> CollectionInfo:
+        return self.engine.rollback(self._tenant(), name)
+
+    def compact(self, name: str | None) -> int:
+        return self.engine.compact(self._tenant(), name)
+
+    def snapshot(self, dest: str) -> int:
+        if not dest:
+            raise InvalidArgument("dir is empty; name a directory on the server's machine")
+        size = self.engine.snapshot(dest)
+        target = Path(dest) / "keys.db"
+        src = sqlite3.connect(str(self.data_dir / "keys.db"))
+        dst = sqlite3.connect(str(target))
+        try:
+            src.backup(dst)
+        finally:
+            src.close()
+            dst.close()
+        return size + target.stat().st_size
+
+    @staticmethod
+    def restore(snapshot_dir: Path, data_dir: Path) -> None:
+        """Offline: the server must not be running on data_dir."""
+        Engine.restore(snapshot_dir, data_dir)
+        if (snapshot_dir / "keys.db").exists():
+            shutil.copy2(snapshot_dir / "keys.db", data_dir / "keys.db")
+
+    def status(self) -> Status:
+        colls = [
+            c for c in self.engine.list_all_collections() if not c.tenant.startswith("memory:")
+        ]
+        return Status(
+            embedder=self.embedding.serving_embedder().identity,
+            started_at=self.started_at,
+            collections=colls,
+            shadow=self.shadow.status() if self.shadow else [],
+            memories=self.memory.count(),
+        )
+
+    def _need_shadow(self):
+        if self.shadow is None:
+            raise FailedPrecondition(
+                "no shadow pairs are declared; add [self_hosted.<case>] to koder.toml"
+            )
+        return self.shadow
+
+    def shadow_status(self, use_case: str | None) -> list[CaseStatus]:
+        return self._need_shadow().status(use_case)
+
+    def flip(self, use_case: str, *, force: bool) -> CaseStatus:
+        return self._need_shadow().flip(use_case, force=force)
+
+    def unflip(self, use_case: str) -> CaseStatus:
+        return self._need_shadow().unflip(use_case)
+
+
+__all__ = ["AdminOps", "Status"]

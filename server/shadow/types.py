@@ -1,0 +1,58 @@
+"""What the shadow experiments report: evidence per shadow release, gates, flip history."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GateResult:
+    name: str  # "G1 agreement" | "G2 performance" | "G3 stability"
+    passed: bool
+    value: str  # the measured numbers, for people
+    missing: str = ""  # what is still needed to pass
+
+
+@dataclass(frozen=True)
+class ReleaseEvidence:
+    """Evidence for one shadow release (name@version) of one case-of-use."""
+
+    shadow: str
+    samples: int = 0  # vectors compared
+    cosine_min: float = 0.0
+    cosine_p1: float = 0.0
+    cosine_mean: float = 0.0
+    overlap_at_10: float = 0.0  # probe queries, each embedder searching its own vectors
+    probes: int = 0
+    time_ratio: float = 0.0  # shadow time / canonical time on the same batches
+    time_ratio_upper: float = 0.0  # upper 95% confidence bound of that ratio
+    aa_time_ratio: float = 0.0  # canonical / canonical on the same batches: the noise floor
+    timed_batches: int = 0
+    errors: int = 0
+    dropped: int = 0
+    passed_g1: bool = False
+    passed_g2: bool = False
+
+
+@dataclass(frozen=True)
+class FlipEvent:
+    at: float
+    action: str  # flip | unflip
+    serving: str
+    forced: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class CaseStatus:
+    use_case: str
+    status: str  # experimental | shadow-active | flipped
+    policy: str  # manual | auto
+    sample_rate: float
+    canonical: str  # name@version of the declared canonical embedder
+    shadow: str  # name@version of the declared shadow embedder
+    serving: str  # name@version answering now
+    gates: tuple[GateResult, ...] = ()
+    flip_eligible: bool = False
+    releases: tuple[ReleaseEvidence, ...] = ()
+    history: tuple[FlipEvent, ...] = field(default_factory=tuple)
