@@ -1587,9 +1587,14 @@ class Engine:
         must be empty or absent). Writes may continue meanwhile. Returns bytes written."""
         self._check_open()
         dest = Path(dest_dir)
+        if dest.exists() and not dest.is_dir():
+            raise InvalidArgument(f"snapshot target {dest.name!r} is a file; name a directory")
         if dest.exists() and any(dest.iterdir()):
             raise InvalidArgument(f"snapshot directory {dest.name!r} is not empty; pick a new one")
-        dest.mkdir(parents=True, exist_ok=True)
+        try:
+            dest.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # read-only, permission denied, a file on the path
+            raise FailedPrecondition(f"cannot create snapshot directory {dest.name!r}: {e.strerror}") from None
         total = 0
         # checkpoints first: each covers a seq the later database copy also covers, and seqs
         # are never reused, so a restored index never holds a vector the store lacks
