@@ -128,7 +128,8 @@ class _Coll:
     rparams: IndexParams = field(default_factory=IndexParams)  # resolved for `kind`
     index: Any = None
     indexed_seq: int = 0  # every committed row of this collection up to here is indexed
-    live: np.ndarray = field(default_factory=lambda: np.zeros(1024, dtype=bool))
+    # live (not deleted, indexed) sequence numbers: 1 bit per number up to the highest
+    live: fx.LiveBits = field(default_factory=fx.LiveBits)
     live_count: int = 0
     seq_to_id: dict[int, str] = field(default_factory=dict)
     rw: _RWLock = field(default_factory=_RWLock)
@@ -146,29 +147,24 @@ class _Coll:
     # -- called with rw held for writing --
     def mark_live(self, seqs: np.ndarray, ids: Sequence[str]) -> None:
         if seqs.size:
-            top = int(seqs.max()) + 1
-            if top > self.live.shape[0]:
-                grown = np.zeros(max(top, 2 * self.live.shape[0]), dtype=bool)
-                grown[: self.live.shape[0]] = self.live
-                self.live = grown
-            self.live[seqs] = True
+            self.live.add(seqs)
             self.seq_to_id.update(zip(seqs.tolist(), ids, strict=True))
             self.live_count += int(seqs.size)
             self._live_sel = None
             self.version += 1
 
     def mark_dead(self, seqs: Sequence[int]) -> None:
-        for s in seqs:
-            if self.seq_to_id.pop(s, None) is not None:
-                self.live[s] = False
-                self.live_count -= 1
+        gone = [s for s in seqs if self.seq_to_id.pop(s, None) is not None]
+        if gone:
+            self.live.discard(np.asarray(gone, dtype=np.int64))
+            self.live_count -= len(gone)
         self._live_sel = None
 
     # -- called with rw held (either mode) --
     def live_selector(self) -> fx.BitmapSelector:
         sel = self._live_sel
         if sel is None:
-            sel = self._live_sel = fx.BitmapSelector(self.live)
+            sel = self._live_sel = self.live.selector()
         return sel
 
 
@@ -401,7 +397,7 @@ class Engine:
             (coll.id,),
         ).fetchall()
         seqs = np.fromiter((r[0] for r in live), dtype=np.int64, count=len(live))
-        coll.live = np.zeros(max(1024, int(seqs.max()) + 1 if seqs.size else 0), dtype=bool)
+        coll.live = fx.LiveBits(int(seqs.max()) + 1 if seqs.size else 1024)
         coll.live_count = 0
         coll.seq_to_id = {}
         coll.mark_live(seqs, [r[1] for r in live])
@@ -903,8 +899,7 @@ class Engine:
             return coll.live_count
         matching = self._matching(coll, filter)
         with coll.rw.read():
-            matching = matching[matching < coll.live.shape[0]]
-            return int(np.count_nonzero(coll.live[matching]))
+            return int(np.count_nonzero(coll.live.contains(matching)))
 
     def _matching(self, coll: _Coll, flt: Filter) -> np.ndarray:
         """Sequence numbers of the rows matching `flt` (possibly including rows deleted
@@ -994,8 +989,8 @@ class Engine:
             if coll.dropped:
                 raise NotFound(f"collection {name!r} was deleted")
             if matching is not None:
-                matching = matching[matching < coll.live.shape[0]]
-                matching = matching[coll.live[matching]]  # committed but not yet indexed: left out
+                # deleted since, or committed but not yet indexed: left out
+                matching = matching[coll.live.contains(matching)]
                 n_candidates = int(matching.size)
             else:
                 n_candidates = coll.live_count
@@ -1016,7 +1011,7 @@ class Engine:
                 exhaustive = True
             else:
                 if matching is not None:
-                    mask = np.zeros(coll.live.shape[0], dtype=bool)
+                    mask = np.zeros(coll.live.capacity, dtype=bool)
                     mask[matching] = True
                     sel: Any = fx.BitmapSelector(mask)
                 elif coll.index.ntotal > coll.live_count:
@@ -1033,11 +1028,7 @@ class Engine:
                     need = min(k, n_candidates)
                     short = np.flatnonzero((lab >= 0).sum(axis=1) < need)
                     if short.size:
-                        cand = (
-                            matching
-                            if matching is not None
-                            else np.flatnonzero(coll.live).astype(np.int64)
-                        )
+                        cand = matching if matching is not None else coll.live.to_array()
                         dist2, lab2 = self._exact(coll, q[short], k, cand)
                         dist[short], lab[short] = dist2, lab2
                         exact_rows = short
@@ -1594,7 +1585,9 @@ class Engine:
         try:
             dest.mkdir(parents=True, exist_ok=True)
         except OSError as e:  # read-only, permission denied, a file on the path
-            raise FailedPrecondition(f"cannot create snapshot directory {dest.name!r}: {e.strerror}") from None
+            raise FailedPrecondition(
+                f"cannot create snapshot directory {dest.name!r}: {e.strerror}"
+            ) from None
         total = 0
         # checkpoints first: each covers a seq the later database copy also covers, and seqs
         # are never reused, so a restored index never holds a vector the store lacks

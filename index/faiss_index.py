@@ -137,9 +137,53 @@ class BitmapSelector:
 
     __slots__ = ("bits", "sel")
 
-    def __init__(self, mask: np.ndarray) -> None:
-        self.bits = np.packbits(mask, bitorder="little")
-        self.sel = faiss.IDSelectorBitmap(int(mask.shape[0]), faiss.swig_ptr(self.bits))
+    def __init__(self, mask: np.ndarray | None = None, *, bits: np.ndarray | None = None) -> None:
+        self.bits = np.packbits(mask, bitorder="little") if bits is None else bits
+        self.sel = faiss.IDSelectorBitmap(int(self.bits.shape[0]) * 8, faiss.swig_ptr(self.bits))
+
+
+class LiveBits:
+    """A set of sequence numbers stored as a little-endian bitmap, one bit per number, so
+    it doubles as FAISS's IDSelectorBitmap without conversion. Not thread-safe: callers
+    hold the collection's lock."""
+
+    __slots__ = ("bits",)
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.bits = np.zeros(max(1, (capacity + 7) // 8), dtype=np.uint8)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.bits.shape[0]) * 8
+
+    def add(self, seqs: np.ndarray) -> None:
+        if not seqs.size:
+            return
+        need = (int(seqs.max()) >> 3) + 1
+        if need > self.bits.shape[0]:
+            grown = np.zeros(max(need, 2 * self.bits.shape[0]), dtype=np.uint8)
+            grown[: self.bits.shape[0]] = self.bits
+            self.bits = grown
+        np.bitwise_or.at(self.bits, seqs >> 3, np.left_shift(1, seqs & 7).astype(np.uint8))
+
+    def discard(self, seqs: np.ndarray) -> None:
+        seqs = seqs[seqs < self.capacity]
+        if seqs.size:
+            keep = np.invert(np.left_shift(1, seqs & 7).astype(np.uint8))
+            np.bitwise_and.at(self.bits, seqs >> 3, keep)
+
+    def contains(self, seqs: np.ndarray) -> np.ndarray:
+        out = np.zeros(seqs.shape[0], dtype=bool)
+        inside = seqs < self.capacity
+        s = seqs[inside]
+        out[inside] = ((self.bits[s >> 3] >> (s & 7).astype(np.uint8)) & 1).astype(bool)
+        return out
+
+    def to_array(self) -> np.ndarray:
+        return np.flatnonzero(np.unpackbits(self.bits, bitorder="little")).astype(np.int64)
+
+    def selector(self) -> BitmapSelector:
+        return BitmapSelector(bits=self.bits)
 
 
 def checkpoint_files(directory: Path, generation: int) -> list[tuple[int, Path, int]]:
