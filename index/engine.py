@@ -1135,6 +1135,10 @@ class Engine:
             params = coll.params if target == coll.index_type else IndexParams()
         if not isinstance(params, IndexParams):
             raise InvalidArgument("params must be IndexParams")
+        try:
+            fx.validate_params(target, coll.dim, params)
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
         if not isinstance(min_recall, (int, float)) or not 0.0 <= min_recall <= 1.0:
             raise InvalidArgument(f"min_recall must be between 0 and 1, got {min_recall!r}")
         new_embedder = embedder if embedder is not None else coll.embedder

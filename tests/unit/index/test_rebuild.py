@@ -336,3 +336,19 @@ def test_one_rebuild_at_a_time_and_cancel(engine):
     assert inner and "already running" in str(inner[0])
     assert engine.describe(T, "c").generation == 1
     assert engine.rebuild(T, "c", index_type=IndexType.HNSW).generation == 3
+
+
+def test_rebuild_argument_errors_and_empty_collection(engine):
+    engine.create_collection(
+        T, "c", dim=8, metric=Metric.L2, index_type=IndexType.FLAT, embedder="e"
+    )
+    with pytest.raises(InvalidArgument, match="pq_m 3 must divide"):
+        engine.rebuild(T, "c", index_type=IndexType.IVF_PQ, params=IndexParams(pq_m=3))
+    with pytest.raises(InvalidArgument, match="min_recall"):
+        engine.rebuild(T, "c", min_recall=1.5)
+    with pytest.raises(InvalidArgument, match="unknown index_type"):
+        engine.rebuild(T, "c", index_type="annoy")
+    info = engine.rebuild(T, "c", index_type=IndexType.HNSW)  # nothing to index is fine
+    assert (info.generation, info.count) == (2, 0)
+    engine.upsert(T, "c", [Record("a", np.ones(8, np.float32))])
+    assert engine.search(T, "c", np.ones(8), 1)[0].hits[0].id == "a"
