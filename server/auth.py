@@ -115,6 +115,10 @@ class KeyStore:
     ) -> tuple[KeyInfo, str]:
         if not tenant or len(tenant) > 128:
             raise InvalidArgument("tenant must be 1..128 characters")
+        if ":" in tenant:
+            # memory lives in the engine tenant "memory:<tenant>"; a tenant named
+            # "memory:x" would own tenant x's memories as plain collections
+            raise InvalidArgument(f"tenant {tenant!r} may not contain ':'")
         bad = [s for s in scopes if s not in SCOPES]
         if bad or not scopes:
             raise InvalidArgument(f"scopes must be a non-empty subset of {', '.join(SCOPES)}")
