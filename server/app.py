@@ -47,6 +47,9 @@ from server.servicers.index import IndexServicer
 from server.servicers.memory import MemoryServicer
 from server.servicers.search import SearchServicer
 from server.settings import Settings
+from server.shadow.config import PairConfig, load_pairs
+from server.shadow.evidence import EvidenceStore
+from server.shadow.manager import ShadowManager
 
 log = logging.getLogger("ragplane")
 
@@ -63,6 +66,7 @@ class Runtime:
     memory: MemoryService
     admin: AdminOps
     started_at: float = field(default_factory=time.time)
+    shadow: ShadowManager | None = None
     extras: list = field(default_factory=list)  # more closables (memory sweeper, shadow)
 
     def close(self) -> None:
@@ -78,6 +82,7 @@ def build_runtime(
     *,
     embedder: Embedder | None = None,
     clock: Callable[[], float] = time.time,
+    shadow_embedders: dict[str, Embedder] | None = None,
 ) -> Runtime:
     data_dir = Path(settings.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -91,8 +96,10 @@ def build_runtime(
             )
         except (ValueError, OSError) as exc:
             raise InvalidArgument(f"cannot load embedder {settings.embedder!r}: {exc}") from exc
+    pairs = load_pairs(settings.koder_toml) if settings.koder_toml else {}
     embedding = EmbeddingService(
         embedder,
+        use_cases=list(pairs),
         max_batch_texts=settings.max_batch_texts,
         max_text_bytes=settings.max_text_bytes,
         batch_max_tokens=settings.batch_max_tokens,
@@ -121,7 +128,57 @@ def build_runtime(
     admin = AdminOps(engine, embedding, memory, keys, data_dir=data_dir, started_at=time.time())
     runtime = Runtime(settings, engine, embedding, collections, keys, memory, admin)
     runtime.extras.append(memory)
+    shadow = _build_shadow(settings, pairs, embedder, shadow_embedders or {}, data_dir)
+    if shadow is not None:
+        for case in shadow.cases.values():
+            embedding.register(case.shadow)
+        embedding.shadow = shadow
+        collections.set_compatibility(shadow.compatible)
+        admin.shadow = shadow
+        runtime.shadow = shadow
+        runtime.extras.append(shadow)
     return runtime
+
+
+def _build_shadow(
+    settings: Settings,
+    pairs: dict[str, PairConfig],
+    canonical: Embedder,
+    given: dict[str, Embedder],
+    data_dir: Path,
+) -> ShadowManager | None:
+    shadows: dict[str, Embedder] = {}
+    for case, cfg in pairs.items():
+        if cfg.canonical != canonical.name:
+            log.warning(
+                "koder.toml: %s declares canonical %r but this server embeds with %r; "
+                "its shadow is off",
+                case,
+                cfg.canonical,
+                canonical.name,
+            )
+            continue
+        if case in given:
+            shadows[case] = given[case]
+            continue
+        try:
+            shadows[case] = load_embedder(
+                cfg.shadow,
+                model_dir=settings.model_dir,
+                device=settings.device,
+                max_seq_length=settings.max_seq_length,
+            )
+        except (ValueError, OSError) as exc:
+            log.error(
+                "koder.toml: shadow %r of %s cannot load (%s); its shadow is off",
+                cfg.shadow,
+                case,
+                exc,
+            )
+    if not shadows:
+        return None
+    store = EvidenceStore(data_dir / "shadow.db")
+    return ShadowManager(pairs, canonical, shadows, store, queue_size=settings.shadow_queue_size)
 
 
 def _is_loopback(host: str) -> bool:
@@ -139,8 +196,11 @@ def create_server(
     runtime: Runtime | None = None,
     embedder: Embedder | None = None,
     clock: Callable[[], float] = time.time,
+    shadow_embedders: dict[str, Embedder] | None = None,
 ) -> tuple[grpc.Server, int, Runtime]:
-    runtime = runtime or build_runtime(settings, embedder=embedder, clock=clock)
+    runtime = runtime or build_runtime(
+        settings, embedder=embedder, clock=clock, shadow_embedders=shadow_embedders
+    )
     if not runtime.keys.enabled:
         if not _is_loopback(settings.host):
             runtime.close()

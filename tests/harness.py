@@ -69,11 +69,13 @@ class InProcessServer:
         embedder: Any = None,
         embedder_name: str = "fake",
         clock: Any = None,
+        shadow_embedders: dict[str, Any] | None = None,
         **overrides: Any,
     ) -> None:
         self.data_dir = data_dir
         self.embedder = embedder
         self.clock = clock
+        self.shadow_embedders = shadow_embedders
         self.overrides = {"embedder": embedder_name, "koder_toml": "", **overrides}
         self.server = self.runtime = self.stubs = None
         self.start()
@@ -88,7 +90,9 @@ class InProcessServer:
         from server.app import create_server
 
         embedder = self.embedder() if callable(self.embedder) else self.embedder
-        kw = {"clock": self.clock} if self.clock is not None else {}
+        kw: dict[str, Any] = {"shadow_embedders": self.shadow_embedders}
+        if self.clock is not None:
+            kw["clock"] = self.clock
         self.server, self.port, self.runtime = create_server(self.settings, embedder=embedder, **kw)
         self.server.start()
         self.stubs = Stubs.dial(f"127.0.0.1:{self.port}")

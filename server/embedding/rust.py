@@ -1,0 +1,55 @@
+"""embedder_rs (burn, Rust) behind the Embedder protocol. Its errors cross as
+`embedder_rs.EmbedderError` and are re-raised as ValueError (bad input / bad model)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from server.embedding.st import default_model_dir
+from server.embedding.tokens import TokenCounter
+
+
+class RustEmbedder:
+    name = "embedder_rs"
+
+    def __init__(
+        self, model_dir: str | Path | None = None, device: str = "auto", max_seq_length: int = 256
+    ) -> None:
+        try:
+            import embedder_rs
+        except ImportError as exc:
+            raise ValueError(
+                "embedder_rs is not installed; `make install` builds it (needs cargo)"
+            ) from exc
+        path = Path(model_dir) if model_dir else default_model_dir()
+        backend = {"auto": "auto", "cpu": "cpu", "cuda": "wgpu", "wgpu": "wgpu"}.get(device, "auto")
+        try:
+            self._e = embedder_rs.Embedder(path, backend=backend, max_seq_length=max_seq_length)
+        except embedder_rs.EmbedderError as exc:
+            raise ValueError(str(exc)) from exc
+        self._error = embedder_rs.EmbedderError
+        self.version = embedder_rs.__version__
+        self.dim = int(self._e.dim)
+        self.max_seq_length = int(self._e.max_seq_length)
+        self.device = f"{self._e.backend}:{self._e.adapter}"
+        self.model = path.name if path.name != "model" else "all-MiniLM-L6-v2"
+        self._tokens = TokenCounter(path, max_seq_length)
+
+    @property
+    def identity(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def embed(self, texts: Sequence[str], normalize: bool = True) -> np.ndarray:
+        try:
+            return self._e.embed(list(texts), normalize=normalize)
+        except self._error as exc:
+            raise ValueError(str(exc)) from exc
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        return self._tokens.truncated(texts)
+
+    def count_tokens_untruncated(self, texts: Sequence[str]) -> list[int]:
+        return self._tokens.untruncated(texts)

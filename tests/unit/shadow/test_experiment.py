@@ -1,0 +1,92 @@
+"""The experiment object: the control's value is what callers keep; the candidate runs on
+the worker; full queues drop and count; errors become observations."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from server.shadow.experiment import Experiment, Observation
+
+
+class FakePublisher:
+    def __init__(self) -> None:
+        self.results = []
+        self.drops = 0
+
+    def publish(self, result) -> None:
+        self.results.append(result)
+
+    def dropped(self, experiment: str) -> None:
+        self.drops += 1
+
+
+def make(pub, candidate, **kw):
+    return Experiment(
+        "t", candidate=candidate, compare=lambda a, b: (a == b, a == b), publisher=pub, **kw
+    )
+
+
+def test_candidate_runs_off_thread_and_results_are_immutable():
+    pub = FakePublisher()
+    threads = []
+
+    def cand(inputs, control):
+        threads.append(threading.current_thread().name)
+        return Observation("candidate", inputs * 2, None, 0.01), {"k": 1}
+
+    e = make(pub, cand)
+    control = Observation("control", 4, None, 0.02)
+    assert e.offer(2, control)
+    e.drain()
+    e.close()
+    (r,) = pub.results
+    assert r.control is control and r.candidates[0].value == 4 and r.matched and r.extra == {"k": 1}
+    assert threads == ["shadow-t"]
+    with pytest.raises(AttributeError):
+        r.matched = False  # frozen
+
+
+def test_sample_rate_and_run_if():
+    pub = FakePublisher()
+    e = make(pub, lambda i, c: (Observation("c", i, None, 0), {}), sample_rate=0.0)
+    assert not e.offer(1, Observation("control", 1, None, 0))
+    e.sample_rate = 1.0
+    e._run_if = lambda inputs: inputs != "skip"
+    assert not e.offer("skip", Observation("control", 1, None, 0))
+    assert e.offer("go", Observation("control", "go", None, 0))
+    e.drain()
+    e.close()
+    assert len(pub.results) == 1
+
+
+def test_full_queue_drops_and_counts_without_blocking():
+    pub = FakePublisher()
+    gate = threading.Event()
+
+    def slow(i, c):
+        gate.wait(5)
+        return Observation("c", i, None, 0), {}
+
+    e = make(pub, slow, queue_size=2)
+    offered = [e.offer(i, Observation("control", i, None, 0)) for i in range(10)]
+    gate.set()
+    e.drain()
+    e.close()
+    assert pub.drops == 10 - sum(offered) and pub.drops >= 7
+    assert len(pub.results) == sum(offered)
+
+
+def test_candidate_error_is_an_observation_and_ignore_rules_apply():
+    pub = FakePublisher()
+
+    def boom(i, c):
+        raise RuntimeError("shadow broke")
+
+    e = make(pub, boom, ignore=[lambda control, cand: cand.error is not None])
+    e.offer(1, Observation("control", 1, None, 0))
+    e.drain()
+    e.close()
+    (r,) = pub.results
+    assert isinstance(r.candidates[0].error, RuntimeError) and not r.matched and r.ignored
