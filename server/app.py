@@ -41,6 +41,7 @@ from server.embedding.service import EmbeddingService
 from server.errors import InvalidArgument
 from server.interceptors import ServerInterceptor
 from server.memory import MemoryService
+from server.metrics import Metrics
 from server.servicers.admin import AdminServicer
 from server.servicers.embed import EmbedServicer
 from server.servicers.index import IndexServicer
@@ -67,6 +68,8 @@ class Runtime:
     admin: AdminOps
     started_at: float = field(default_factory=time.time)
     shadow: ShadowManager | None = None
+    metrics: Metrics = field(default_factory=Metrics)
+    metrics_port: int = 0
     extras: list = field(default_factory=list)  # more closables (memory sweeper, shadow)
 
     def close(self) -> None:
@@ -97,9 +100,11 @@ def build_runtime(
         except (ValueError, OSError) as exc:
             raise InvalidArgument(f"cannot load embedder {settings.embedder!r}: {exc}") from exc
     pairs = load_pairs(settings.koder_toml) if settings.koder_toml else {}
+    metrics = Metrics()
     embedding = EmbeddingService(
         embedder,
         use_cases=list(pairs),
+        on_pass=metrics.observe_pass,
         max_batch_texts=settings.max_batch_texts,
         max_text_bytes=settings.max_text_bytes,
         batch_max_tokens=settings.batch_max_tokens,
@@ -126,7 +131,9 @@ def build_runtime(
     memory.sweep()  # memories that expired while the server was down
     memory.start_sweeper(settings.memory_sweep_seconds)
     admin = AdminOps(engine, embedding, memory, keys, data_dir=data_dir, started_at=time.time())
-    runtime = Runtime(settings, engine, embedding, collections, keys, memory, admin)
+    runtime = Runtime(
+        settings, engine, embedding, collections, keys, memory, admin, metrics=metrics
+    )
     runtime.extras.append(memory)
     shadow = _build_shadow(settings, pairs, embedder, shadow_embedders or {}, data_dir)
     if shadow is not None:
@@ -219,7 +226,9 @@ def create_server(
     ]
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="rpc"),
-        interceptors=[ServerInterceptor(before=runtime.keys.authenticate)],
+        interceptors=[
+            ServerInterceptor(before=runtime.keys.authenticate, after=runtime.metrics.observe_rpc)
+        ],
         options=options,
         maximum_concurrent_rpcs=settings.workers * 8,
     )
@@ -266,6 +275,10 @@ def create_server(
     if port == 0:
         runtime.close()
         raise InvalidArgument(f"cannot bind {address}; is another server using the port?")
+    runtime.metrics.attach(runtime)
+    if settings.metrics_port:
+        runtime.metrics_port = runtime.metrics.serve(settings.metrics_port, settings.host)
+        runtime.extras.append(runtime.metrics)
     return server, port, runtime
 
 

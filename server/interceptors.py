@@ -99,8 +99,10 @@ class ServerInterceptor(grpc.ServerInterceptor):
             return time.perf_counter()
 
         def finish(t0: float, code: str) -> None:
+            seconds = time.perf_counter() - t0
+            log.debug("%s %s %.2fms", method, code, seconds * 1e3)  # the access log
             if after is not None:
-                after(method, code, time.perf_counter() - t0)
+                after(method, code, seconds)
 
         def wrap_unary(behavior):
             def wrapped(request_or_iterator, context):
