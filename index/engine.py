@@ -201,6 +201,22 @@ class _Progress:
         )
 
 
+if "__dict__" in dir(Hit) and not hasattr(Hit, "__slots__"):
+    _new = object.__new__
+
+    def _hit(item_id: str, score: float, text: str, metadata: Any) -> Hit:
+        # Hit is a frozen dataclass, whose __init__ (object.__setattr__ per field) costs
+        # ~3x this; searches build up to top_k of them per query.
+        h = _new(Hit)
+        h.__dict__.update(id=item_id, score=score, text=text, metadata=metadata)
+        return h
+
+else:  # pragma: no cover - if Hit ever gains __slots__
+
+    def _hit(item_id: str, score: float, text: str, metadata: Any) -> Hit:
+        return Hit(id=item_id, score=score, text=text, metadata=metadata)
+
+
 def _params_json(p: IndexParams) -> str:
     return json.dumps(asdict(p), sort_keys=True)
 
@@ -946,7 +962,7 @@ class Engine:
         if not np.isfinite(q).all():
             raise InvalidArgument("query vector contains NaN or infinity")
         if coll.metric == Metric.COSINE:
-            norms = np.linalg.norm(q, axis=1)
+            norms = np.sqrt(np.einsum("ij,ij->i", q, q))
             if not (norms > 0).all():
                 raise InvalidArgument("zero query vector cannot be normalised for cosine")
             q = q / norms[:, None]
@@ -1063,12 +1079,9 @@ class Engine:
         out = []
         for row, hits in enumerate(results_raw):
             if extra:
-                hl = [
-                    Hit(id=i, score=s, text=extra[q_][0], metadata=extra[q_][1])
-                    for q_, i, s in hits
-                ]
+                hl = [_hit(i, s, extra[q_][0], extra[q_][1]) for q_, i, s in hits]
             else:
-                hl = [Hit(id=i, score=s) for _, i, s in hits]
+                hl = [_hit(i, s, "", {}) for _, i, s in hits]
             row_exact = exhaustive or (exact_rows is not None and row in exact_rows)
             out.append(SearchResult(hits=hl, returned_k=len(hl), exhaustive=bool(row_exact)))
         return out
