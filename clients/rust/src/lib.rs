@@ -115,7 +115,11 @@ pub struct Embeddings {
 
 /// An item with an id and text (embedded server-side) and no metadata.
 pub fn item(id: impl Into<String>, text: impl Into<String>) -> v1::Item {
-    v1::Item { id: id.into(), text: text.into(), ..Default::default() }
+    v1::Item {
+        id: id.into(),
+        text: text.into(),
+        ..Default::default()
+    }
 }
 
 /// A ragplane client. Cheap to clone: clones share one HTTP/2 channel.
@@ -139,11 +143,16 @@ impl Client {
         }
         let auth = match opts.api_key {
             Some(k) => Auth(Some(
-                format!("Bearer {k}").parse().map_err(|_| Error::InvalidApiKey)?,
+                format!("Bearer {k}")
+                    .parse()
+                    .map_err(|_| Error::InvalidApiKey)?,
             )),
             None => Auth(None),
         };
-        Ok(Client { channel: ep.connect().await?, auth })
+        Ok(Client {
+            channel: ep.connect().await?,
+            auth,
+        })
     }
 
     pub fn embed_service(&self) -> EmbedServiceClient<Svc> {
@@ -196,14 +205,26 @@ impl Client {
         &self,
         req: v1::CreateCollectionRequest,
     ) -> Result<v1::CollectionInfo, Status> {
-        Ok(self.index_service().create_collection(req).await?.into_inner())
+        Ok(self
+            .index_service()
+            .create_collection(req)
+            .await?
+            .into_inner())
     }
 
     /// Inserts or replaces `items` by id; returns how many were written. Items without a
     /// vector are embedded server-side. Acknowledged only once committed.
     pub async fn upsert(&self, collection: &str, items: Vec<v1::Item>) -> Result<i64, Status> {
-        let req = v1::UpsertRequest { collection: collection.to_owned(), items };
-        Ok(self.index_service().upsert(req).await?.into_inner().upserted)
+        let req = v1::UpsertRequest {
+            collection: collection.to_owned(),
+            items,
+        };
+        Ok(self
+            .index_service()
+            .upsert(req)
+            .await?
+            .into_inner()
+            .upserted)
     }
 
     /// The `top_k` nearest items to `text`, best first, with their text. Use
@@ -264,6 +285,11 @@ impl Client {
             top_k,
             ..Default::default()
         };
-        Ok(self.memory_service().recall(req).await?.into_inner().memories)
+        Ok(self
+            .memory_service()
+            .recall(req)
+            .await?
+            .into_inner()
+            .memories)
     }
 }

@@ -27,26 +27,46 @@ impl Drop for Server {
 }
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 fn venv_python(root: &Path) -> PathBuf {
-    let venv = std::env::var_os("VENV").map(PathBuf::from).unwrap_or_else(|| root.join(".venv"));
-    let venv = if venv.is_absolute() { venv } else { root.join(venv) };
+    let venv = std::env::var_os("VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join(".venv"));
+    let venv = if venv.is_absolute() {
+        venv
+    } else {
+        root.join(venv)
+    };
     venv.join("bin/python")
 }
 
 /// Starts the Python server on port 0 (with extra `--set` settings) and returns it with the
 /// port it bound.
 fn start_server(python: &Path, root: &Path, settings: &[String]) -> (Server, u16) {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let dir = std::env::temp_dir().join(format!("ragplane-rs-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let port_file = dir.join("port");
     let log_path = dir.join("server.log");
     let log = std::fs::File::create(&log_path).unwrap();
     let child = Command::new(python)
-        .args(["-m", "server.cli", "serve", "--port", "0", "--embedder", "fake"])
+        .args([
+            "-m",
+            "server.cli",
+            "serve",
+            "--port",
+            "0",
+            "--embedder",
+            "fake",
+        ])
         .arg("--data-dir")
         .arg(dir.join("data"))
         .arg("--set")
@@ -100,11 +120,15 @@ async fn smoke_against_live_server() {
         }
     };
     let opts = Options {
-        api_key: std::env::var("RAGPLANE_API_KEY").ok().filter(|k| !k.is_empty()),
+        api_key: std::env::var("RAGPLANE_API_KEY")
+            .ok()
+            .filter(|k| !k.is_empty()),
         timeout: Some(Duration::from_secs(30)),
         ..Default::default()
     };
-    let c = Client::connect(format!("http://{addr}"), opts).await.expect("connect");
+    let c = Client::connect(format!("http://{addr}"), opts)
+        .await
+        .expect("connect");
 
     // Embed: one normalised vector per text, of the advertised dimension.
     let texts = ["the cat sat on the mat", "stock markets fell sharply today"];
@@ -119,7 +143,10 @@ async fn smoke_against_live_server() {
     assert!(!emb.embedder.is_empty());
 
     // A fresh collection takes the embedder's dimension and identity.
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let name = format!("rs_smoke_{nanos}");
     let info = c.create_collection(&name).await.expect("create collection");
     assert_eq!(info.name, name);
@@ -139,14 +166,23 @@ async fn smoke_against_live_server() {
     assert_eq!(n, 4);
 
     // Searching an item's own text finds it first (cosine ~1), scores never increase.
-    let hits = c.search(&name, "sorting a list in python", 3).await.expect("search");
+    let hits = c
+        .search(&name, "sorting a list in python", 3)
+        .await
+        .expect("search");
     assert_eq!(hits.len(), 3, "{hits:?}");
     assert_eq!(hits[0].id, "d");
     assert_eq!(hits[0].text, "sorting a list in python");
     assert!(hits[0].score > 0.99, "top score {}", hits[0].score);
-    assert!(hits.windows(2).all(|w| w[0].score >= w[1].score), "{hits:?}");
+    assert!(
+        hits.windows(2).all(|w| w[0].score >= w[1].score),
+        "{hits:?}"
+    );
     let ids: Vec<&str> = hits.iter().map(|h| h.id.as_str()).collect();
-    assert!(ids.contains(&"c"), "the other python text should rank: {ids:?}");
+    assert!(
+        ids.contains(&"c"),
+        "the other python text should rank: {ids:?}"
+    );
 
     // Memory: Remember returns an id, and recalling the same text returns it first.
     let ns = format!("rs-agent-{nanos}");
@@ -154,13 +190,19 @@ async fn smoke_against_live_server() {
     let m = c.remember(&ns, fact).await.expect("remember");
     assert!(!m.id.is_empty());
     assert!(!m.deduplicated);
-    let other = c.remember(&ns, "the deploy window is friday at noon").await.expect("remember");
+    let other = c
+        .remember(&ns, "the deploy window is friday at noon")
+        .await
+        .expect("remember");
     assert_ne!(other.id, m.id);
     let mems = c.recall(&ns, fact, 5).await.expect("recall");
     assert!(!mems.is_empty());
     assert_eq!(mems[0].id, m.id, "{mems:?}");
     assert_eq!(mems[0].text, fact);
-    assert!(mems.windows(2).all(|w| w[0].score >= w[1].score), "{mems:?}");
+    assert!(
+        mems.windows(2).all(|w| w[0].score >= w[1].score),
+        "{mems:?}"
+    );
 }
 
 /// The API key travels as `authorization: Bearer <key>` on every call: a server with keys
@@ -180,22 +222,35 @@ async fn api_key_is_sent_as_bearer() {
         );
         return;
     }
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let key = format!("rs-test-key-{nanos}");
     let (_server, port) = start_server(&python, &root, &[format!("bootstrap_admin_key={key}")]);
     let addr = format!("http://127.0.0.1:{port}");
     let connect = |api_key: Option<String>| {
         let addr = addr.clone();
         async move {
-            let opts = Options { api_key, ..Default::default() };
+            let opts = Options {
+                api_key,
+                ..Default::default()
+            };
             Client::connect(addr, opts).await.expect("connect")
         }
     };
 
-    for (what, k) in [("no key", None), ("a wrong key", Some(format!("not-{key}")))] {
+    for (what, k) in [
+        ("no key", None),
+        ("a wrong key", Some(format!("not-{key}"))),
+    ] {
         let err = connect(k).await.embed(["hello"]).await.expect_err(what);
         assert_eq!(err.code(), tonic::Code::Unauthenticated, "{what}: {err}");
     }
-    let emb = connect(Some(key)).await.embed(["hello"]).await.expect("embed with the key");
+    let emb = connect(Some(key))
+        .await
+        .embed(["hello"])
+        .await
+        .expect("embed with the key");
     assert_eq!(emb.vectors.len(), 1);
 }
