@@ -156,7 +156,7 @@ def _build_shadow(
 ) -> ShadowManager | None:
     shadows: dict[str, Embedder] = {}
     for case, cfg in pairs.items():
-        if cfg.canonical != canonical.name:
+        if cfg.canonical not in (canonical.name, getattr(canonical, "family", canonical.name)):
             log.warning(
                 "koder.toml: %s declares canonical %r but this server embeds with %r; "
                 "its shadow is off",

@@ -47,7 +47,7 @@ def serve(
     port: Annotated[int | None, typer.Option(help="gRPC port (0 = any free).")] = None,
     data_dir: Annotated[str | None, typer.Option(help="Data directory.")] = None,
     embedder: Annotated[
-        str | None, typer.Option(help="sentence-transformers | onnx | embedder_rs | fake")
+        str | None, typer.Option(help="auto | sentence-transformers | onnx | embedder_rs | fake")
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Prometheus port (0 = off).")] = None,

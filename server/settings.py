@@ -40,9 +40,10 @@ class Settings:
         "Where SQLite (the source of truth) and FAISS checkpoints live.", default="./ragplane-data"
     )
     embedder: str = _doc(
-        "Canonical embedder: sentence-transformers | onnx | embedder_rs | fake. "
-        "`fake` is deterministic and model-free, for tests.",
-        default="sentence-transformers",
+        "Canonical embedder: auto | sentence-transformers | onnx | embedder_rs | fake. "
+        "auto = onnx on CPU, sentence-transformers (torch) on CUDA, the faster of the two "
+        "measured per device; `fake` is deterministic and model-free, for tests.",
+        default="auto",
     )
     model_dir: str = _doc(
         "A local sentence-transformers BERT model directory; empty = the bundled "
@@ -154,9 +155,9 @@ class Settings:
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
             raise InvalidArgument(f"port {self.port} is out of range 0..65535")
-        if self.embedder not in ("sentence-transformers", "onnx", "embedder_rs", "fake"):
+        if self.embedder not in ("auto", "sentence-transformers", "onnx", "embedder_rs", "fake"):
             raise InvalidArgument(
-                f"embedder {self.embedder!r} is unknown; use sentence-transformers, onnx, "
+                f"embedder {self.embedder!r} is unknown; use auto, sentence-transformers, onnx, "
                 "embedder_rs or fake"
             )
         if self.max_seq_length <= 0 or self.batch_max_tokens < self.max_seq_length:

@@ -24,3 +24,11 @@ def st_model():
     from server.embedding.st import SentenceTransformersEmbedder
 
     return SentenceTransformersEmbedder(device="cpu")
+
+
+@pytest.fixture(scope="session")
+def onnx_model():
+    """The canonical model on ONNX Runtime (exported once, cached), CPU."""
+    from server.embedding.onnx import OnnxEmbedder
+
+    return OnnxEmbedder(device="cpu")

@@ -10,7 +10,14 @@ __all__ = ["Embedder", "identity_of", "l2_normalize", "load_embedder"]
 def load_embedder(
     name: str, *, model_dir: str = "", device: str = "auto", max_seq_length: int = 256
 ) -> Embedder:
-    """Build an embedder by configuration name. Raises ValueError with a clear message."""
+    """Build an embedder by configuration name. Raises ValueError with a clear message.
+
+    `auto` picks the faster canonical backend for the device (see BENCHMARKS.md): ONNX
+    Runtime on CPU, sentence-transformers (torch) on CUDA."""
+    if name == "auto":
+        from server.embedding.st import resolve_device
+
+        name = "sentence-transformers" if resolve_device(device) == "cuda" else "onnx"
     if name == "fake":
         from server.embedding.fake import FakeEmbedder
 

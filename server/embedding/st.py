@@ -30,6 +30,7 @@ def resolve_device(device: str) -> str:
 
 class SentenceTransformersEmbedder:
     name = "sentence-transformers"
+    family = "sentence-transformers"
 
     def __init__(
         self, model_dir: str | Path | None = None, device: str = "auto", max_seq_length: int = 256

@@ -25,20 +25,22 @@ def reference():
     return model
 
 
-def test_grpc_embed_matches_in_process_encode(tmp_path, st_model, reference):
+@pytest.mark.parametrize("backend", ["sentence-transformers", "onnx"])
+def test_grpc_embed_matches_in_process_encode(tmp_path, backend, request, reference):
     from tests.harness import InProcessServer
 
+    st_model = request.getfixturevalue("st_model" if backend != "onnx" else "onnx_model")
     texts = long_passages()[:40] + corpus(400)[::2]  # 240 texts, 40 over 128 tokens
     tokens = st_model.count_tokens_untruncated(texts)
     assert sum(t > 128 for t in tokens) >= 30 and sum(t > 256 for t in tokens) >= 5
-    srv = InProcessServer(tmp_path / "d", embedder=st_model, embedder_name="sentence-transformers")
+    srv = InProcessServer(tmp_path / "d", embedder=st_model, embedder_name=backend)
     try:
         got: dict[int, np.ndarray] = {}
 
         def call(start: int) -> None:  # concurrent callers, so passes mix requests
             chunk = texts[start : start + 16]
             r = srv.stubs.embed.Embed(embed_pb2.EmbedRequest(texts=chunk))
-            assert r.embedder.startswith("sentence-transformers@") and r.dim == 384
+            assert r.embedder.startswith(f"{backend}@") and r.dim == 384
             assert max(r.token_counts) <= 256
             for i, v in enumerate(r.vectors):
                 got[start + i] = np.array(v.values, dtype=np.float32)
