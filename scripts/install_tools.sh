@@ -32,7 +32,7 @@ install() {  # name package version
     return 0
   fi
   echo "installing $name $version into .tools/bin" >&2
-  GOBIN="$BIN" GOFLAGS=-mod=mod go install "$pkg@$version"
+  GOBIN="$BIN" go install "$pkg@$version"
 }
 
 tools=("$@")
