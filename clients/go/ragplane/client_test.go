@@ -10,8 +10,17 @@ package ragplane_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"math"
+	"math/big"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -246,4 +255,75 @@ func TestDialRefusesAKeyInClear(t *testing.T) {
 	if _, err := ragplane.Dial("127.0.0.1:1", ragplane.Options{APIKey: "k"}); err == nil {
 		t.Fatal("Dial sent an API key without TLS or AllowPlaintextKey")
 	}
+}
+
+// Options.TLS: the client verifies the server's certificate and sends the key over TLS
+// (without AllowPlaintextKey); a plaintext client cannot talk to a TLS server.
+func TestTLSWithKey(t *testing.T) {
+	if os.Getenv("RAGPLANE_ADDR") != "" {
+		t.Skip("RAGPLANE_ADDR is set: this test needs a TLS server it starts with its own certificate")
+	}
+	dir := t.TempDir()
+	certPEM, keyPEM := selfSignedCert(t)
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	key := fmt.Sprintf("go-tls-key-%d", time.Now().UnixNano())
+	addr := startServer(t, "tls_cert="+certFile, "tls_key="+keyFile, "bootstrap_admin_key="+key)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(certPEM)
+	c, err := ragplane.Dial(addr, ragplane.Options{APIKey: key, TLS: &tls.Config{RootCAs: roots}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if emb, err := c.Embed(ctx, []string{"hello"}); err != nil || len(emb.Vectors) != 1 {
+		t.Fatalf("Embed over TLS: %v, %v", emb, err)
+	}
+
+	plain, err := ragplane.Dial(addr, ragplane.Options{APIKey: key, AllowPlaintextKey: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if _, err := plain.Embed(ctx, []string{"hello"}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("plaintext Embed against a TLS server: want Unavailable, got %v", err)
+	}
+}
+
+// selfSignedCert returns a PEM certificate for 127.0.0.1 and its PEM private key.
+func selfSignedCert(t *testing.T) (certPEM, keyPEM []byte) {
+	t.Helper()
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "ragplane test"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
 }
