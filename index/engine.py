@@ -72,6 +72,15 @@ _HNSW_ADD_CHUNK = 32
 _FILTER_CACHE_SIZE = 64
 
 
+def _mask_lookup(mask: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    def allowed(ids: np.ndarray) -> np.ndarray:
+        ok = ids < mask.size
+        ok[ok] = mask[ids[ok]]
+        return ok
+
+    return allowed
+
+
 class _RWLock:
     """Writer-preferring readers-writer lock (not re-entrant)."""
 
@@ -1034,10 +1043,19 @@ class Engine:
                     sel = coll.live_selector()
                 else:
                     sel = None
-                params = fx.search_params(
-                    kind, coll.rparams, k, sel.sel if sel is not None else None
-                )
-                dist, lab = coll.index.search(q, k, params=params)
+                if kind == IndexType.FLAT and nq >= fx.BLAS_MIN_QUERIES:
+                    if matching is not None:
+                        allowed = _mask_lookup(mask)
+                    elif sel is not None:
+                        allowed = coll.live.contains
+                    else:
+                        allowed = None
+                    dist, lab = fx.flat_batch_search(coll.index, q, k, coll.metric, allowed)
+                else:
+                    params = fx.search_params(
+                        kind, coll.rparams, k, sel.sel if sel is not None else None
+                    )
+                    dist, lab = coll.index.search(q, k, params=params)
                 if not exhaustive:
                     # an approximate index may come back short under a filter or many
                     # tombstones: redo those rows exactly so top_k is filled
