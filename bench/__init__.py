@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks: each compares two things in one run and reports ratios."""

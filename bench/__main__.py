@@ -1,0 +1,119 @@
+"""`python -m bench` (or `make bench`): run the side-by-side benchmarks in one go and write
+BENCHMARKS.md. Speeds are ratios measured in the same run on the same machine; absolute
+numbers depend on the machine (its line in the report says which)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SECTIONS = {
+    "embed": (
+        "1. Embed over gRPC vs in-process encode",
+        "bench.embed",
+        "Goal: >= 0.9x at concurrency 32, from dynamic batching.",
+    ),
+    "search": (
+        "2. Search: coalesced vs one FAISS call per request (100,000 items)",
+        "bench.search",
+        "Goal: >= 5x the one-call-per-request throughput at concurrency 32 on a flat index.",
+    ),
+    "shadow": (
+        "3. Shadow overhead at the default sample rate",
+        "bench.shadow",
+        "Goal: at most 5% cost.",
+    ),
+    "rust": (
+        "4. embedder_rs vs canonical (the G2 ratio)",
+        "bench.rust",
+        "The flip gate G2 needs shadow time / canonical time <= 1.05.",
+    ),
+    "backends": (
+        "5. Canonical backends: torch vs onnx",
+        "bench.backends",
+        "The faster one is the default for the device (`embedder = auto`), "
+        "keeping cosine >= 0.99999 to torch.",
+    ),
+    "memory": ("6. Peak memory with 1,000,000 x 384 vectors", "bench.memory", ""),
+}
+
+
+def machine() -> str:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{os.cpu_count()} cores ({cpu or platform.processor()}), Python "
+        f"{platform.python_version()}, {platform.system()}"
+    )
+
+
+def main() -> int:
+    import importlib
+
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    p.add_argument("--out", default="BENCHMARKS.md")
+    p.add_argument("--json", default="bench/out/results.json")
+    args = p.parse_args()
+    chosen = [s.strip() for s in args.only.split(",") if s.strip()]
+    out = Path(args.out)
+    existing = _sections(out.read_text()) if out.exists() else {}
+    results = {}
+    for key in chosen:
+        title, module, goal = SECTIONS[key]
+        print(f"== {title}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            res, md = importlib.import_module(module).run()
+        except Exception:
+            res, md = (
+                {"error": traceback.format_exc()},
+                ("Failed in this run:\n\n```\n" + traceback.format_exc()[-2000:] + "```"),
+            )
+        took = time.perf_counter() - t0
+        print(md, f"\n({took:.0f}s)\n", flush=True)
+        results[key] = res
+        stamp = time.strftime("%Y-%m-%d", time.gmtime())
+        existing[key] = (
+            f"## {title}\n\n{goal}\n\n{md}\n\n_Measured {stamp} on {machine()}; {took:.0f} s._\n"
+        )
+    head = (
+        "# Benchmarks\n\nWritten by `python -m bench` (`make bench`). Every section "
+        "compares two things side by side in one run on one machine, so read the "
+        "ratios; absolute numbers move with the machine and its load.\n"
+    )
+    body = "\n".join(existing[k] for k in SECTIONS if k in existing)
+    out.write_text(head + "\n" + body)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    print(f"wrote {out}")
+    return 0
+
+
+def _sections(text: str) -> dict[str, str]:
+    """Keep sections of an earlier run that this run does not redo."""
+    found = {}
+    for key, (title, _, _) in SECTIONS.items():
+        start = text.find(f"## {title}")
+        if start >= 0:
+            end = text.find("\n## ", start + 1)
+            found[key] = text[start : end if end >= 0 else len(text)].rstrip() + "\n"
+    return found
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
