@@ -20,7 +20,6 @@ def run(embedder: str = "auto") -> tuple[dict, str]:
         lambda b: local.embed(b), [texts[i : i + 32] for i in range(0, N_TEXTS, 32)], 1
     )
     inproc_tps = N_TEXTS / inproc.seconds
-    del local
     srv = start_server(f"embedder={embedder}", "koder_toml=", "device=cpu")
     rows, results = [], {"in_process_texts_per_s": inproc_tps, "embedder": embedder}
     try:

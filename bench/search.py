@@ -59,7 +59,7 @@ def run(n_items: int = N_ITEMS) -> tuple[dict, str]:
             stub.Search(search_pb2.SearchRequest(collection="bench", vector=qs[0], top_k=10))
             for c in (1, 8, 32):
                 load = run_concurrent(
-                    lambda v: stub.Search(
+                    lambda v, s=stub: s.Search(
                         search_pb2.SearchRequest(collection="bench", vector=v, top_k=10)
                     ),
                     qs,
