@@ -139,7 +139,10 @@ def status() -> None:
         f"[bold]ragplane {r.version}[/] · up {r.uptime_seconds:,.0f}s · embedder "
         f"[cyan]{r.embedder}[/] · {r.memories:,} memories"
     )
-    console.print(_collections_table(r.collections))
+    if r.collections:
+        console.print(_collections_table(r.collections))
+    else:
+        console.print("no collections yet (create one with IndexService.CreateCollection)")
     if r.shadow:
         t = Table(title="shadow")
         for col in ("use case", "status", "serving", "shadow", "flip-eligible"):
