@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install serve test test-all lint protos protos-check bench loadtest clean
+.PHONY: help install tools serve test test-all lint protos protos-check bench loadtest clean
 
 help: ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -22,26 +22,36 @@ $(VENV)/.installed: pyproject.toml constraints.txt embedder_rs/Cargo.toml script
 
 install: $(VENV)/.installed ## create .venv with the service, embedder_rs and dev tools
 
+tools: ## pinned Go tools into .tools/bin (grpcurl, protoc-gen-go, protoc-gen-go-grpc)
+	bash scripts/install_tools.sh
+
 serve: install ## install everything and serve on 127.0.0.1:50051 (SQLite + FAISS, one process)
 	$(VENV)/bin/ragplane serve
 
-protos: install ## regenerate ragplane/v1 from protos/
+protos: install tools ## regenerate ragplane/v1 and clients/go/ragplanev1 from protos/
 	$(PY) scripts/gen_protos.py
+	VENV=$(VENV) bash clients/go/generate.sh
 
-protos-check: install ## fail if ragplane/v1 is stale
+protos-check: install tools ## fail if any generated code is stale
 	$(PY) scripts/gen_protos.py --check
+	VENV=$(VENV) bash clients/go/generate.sh --check
 
 lint: install ## ruff over our code (generated code excluded)
 	$(VENV)/bin/ruff check server index tests bench loadtest scripts
 
-test: install protos-check lint ## install everything and run the tests (unit, e2e, parity)
-	bash scripts/run_tests.sh
+test: install tools protos-check lint ## install everything and run every test (Python, Rust, Go)
+	VENV=$(VENV) bash scripts/run_tests.sh
+	VENV=$(VENV) bash scripts/test_clients.sh
 
-test-all: install ## also the slow tests
-	bash scripts/run_tests.sh -m "not gpu"
+test-all: install tools ## also the slow tests
+	VENV=$(VENV) bash scripts/run_tests.sh -m "not gpu"
+	VENV=$(VENV) bash scripts/test_clients.sh
 
 bench: install ## side-by-side benchmarks; writes BENCHMARKS.md
 	$(PY) -m bench
 
+loadtest: install ## a 30 s mixed Locust run against a server it starts
+	$(PY) -m loadtest --scenario mixed --users 16 --spawn-rate 8 --run-time 30s --start-server
+
 clean: ## remove the venv and build outputs
-	rm -rf $(VENV) embedder_rs/target ragplane-data
+	rm -rf $(VENV) .tools embedder_rs/target clients/rust/target ragplane-data
