@@ -25,7 +25,7 @@ from tests.harness import InProcessServer
 
 pytestmark = pytest.mark.e2e
 
-RSS_BOUND_MB = 80  # peak growth allowed while ~300 MB of requests are offered
+RSS_BOUND_MB = 96  # peak growth allowed while ~300 MB of requests are offered
 
 
 class CountingEmbedder(FakeEmbedder):
