@@ -90,7 +90,11 @@ class LocustInterceptor(
     grpc.StreamUnaryClientInterceptor,
     grpc.StreamStreamClientInterceptor,
 ):
-    """Reports each call to `environment.events.request`; adds auth metadata and a deadline."""
+    """Reports each call to `environment.events.request`; adds auth metadata and a deadline.
+
+    A unary response is awaited here to time it, so `stub.Method.future(...)` behaves like
+    a blocking call; the scenarios only make blocking calls, one per task.
+    """
 
     def __init__(
         self,
