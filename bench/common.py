@@ -3,9 +3,6 @@ load generator on loopback, and percentiles."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -15,76 +12,46 @@ from pathlib import Path
 
 import grpc
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.harness import ROOT, SubprocessServer
+
+__all__ = ["ROOT", "Load", "Server", "run_concurrent", "start_server", "table"]
 
 
 @dataclass
 class Server:
-    proc: subprocess.Popen
-    port: int
-    data_dir: Path
+    """A `ragplane serve` subprocess (tests.harness.SubprocessServer) for a benchmark."""
+
+    sub: SubprocessServer
 
     @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
+    def port(self) -> int:
+        return self.sub.port
+
+    @property
+    def data_dir(self) -> Path:
+        return self.sub.data_dir
 
     def channel(self) -> grpc.Channel:
-        ch = grpc.insecure_channel(
-            self.target,
-            options=[
-                ("grpc.max_send_message_length", 256 << 20),
-                ("grpc.max_receive_message_length", 256 << 20),
-            ],
-        )
-        grpc.channel_ready_future(ch).result(timeout=120)
-        return ch
+        return self.sub.stubs.channel
 
     def peak_rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+        assert self.sub.proc is not None
+        for line in Path(f"/proc/{self.sub.proc.pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
         return float("nan")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self.sub.terminate(timeout=120)
 
 
 def start_server(*settings: str, data_dir: Path | None = None, timeout: float = 300.0) -> Server:
     """`ragplane serve` on 127.0.0.1, port 0, with `--set` settings (FIELD=VALUE)."""
-    data_dir = data_dir or Path(tempfile.mkdtemp(prefix="ragplane-bench-"))
-    port_file = data_dir.parent / f"{data_dir.name}.port"
-    port_file.unlink(missing_ok=True)
-    args = [
-        sys.executable,
-        "-m",
-        "server.cli",
-        "serve",
-        "--port",
-        "0",
-        "--data-dir",
-        str(data_dir),
-        "--set",
-        f"port_file={port_file}",
-    ]
-    for s in settings:
-        args += ["--set", s]
-    log = open(data_dir.parent / f"{data_dir.name}.log", "ab")  # noqa: SIM115
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if port_file.exists() and port_file.read_text().strip():
-            return Server(proc, int(port_file.read_text()), data_dir)
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: see {log.name}")
-        time.sleep(0.1)
-    proc.kill()
-    raise TimeoutError("server did not start")
+    data_dir = data_dir or Path(tempfile.mkdtemp(prefix="ragplane-bench-")) / "data"
+    extra = [a for s in settings for a in ("--set", s)]
+    sub = SubprocessServer(data_dir, *extra)
+    sub.start(timeout=timeout)
+    return Server(sub)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ protobuf message. tests/unit/test_conversions.py round-trips every message.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -179,18 +180,11 @@ def filter_to_pb(f: Filter | None) -> common_pb2.Filter:
 # --- collections -----------------------------------------------------------------------
 
 
+_PARAM_FIELDS = tuple(f.name for f in dataclasses.fields(IndexParams))
+
+
 def params_from_pb(p: index_pb2.IndexParams) -> IndexParams:
-    values = {
-        name: getattr(p, name)
-        for name in (
-            "hnsw_m",
-            "hnsw_ef_construction",
-            "hnsw_ef_search",
-            "ivf_nlist",
-            "ivf_nprobe",
-            "pq_m",
-        )
-    }
+    values = {name: getattr(p, name) for name in _PARAM_FIELDS}
     for name, v in values.items():
         if v < 0:
             raise InvalidArgument(f"params.{name} must be >= 0 (0 = default), got {v}")
@@ -198,14 +192,7 @@ def params_from_pb(p: index_pb2.IndexParams) -> IndexParams:
 
 
 def params_to_pb(p: IndexParams) -> index_pb2.IndexParams:
-    return index_pb2.IndexParams(
-        hnsw_m=p.hnsw_m,
-        hnsw_ef_construction=p.hnsw_ef_construction,
-        hnsw_ef_search=p.hnsw_ef_search,
-        ivf_nlist=p.ivf_nlist,
-        ivf_nprobe=p.ivf_nprobe,
-        pq_m=p.pq_m,
-    )
+    return index_pb2.IndexParams(**dataclasses.asdict(p))
 
 
 def collection_info_to_pb(c: CollectionInfo) -> index_pb2.CollectionInfo:
