@@ -1,0 +1,69 @@
+//! The BERT model in burn, one file per component.
+
+pub mod attention;
+pub mod config;
+pub mod embeddings;
+pub mod encoder;
+pub mod loader;
+pub mod pooling;
+
+use burn::module::Module;
+use burn::tensor::{Device, Int, Tensor};
+
+pub use config::BertConfig;
+use embeddings::BertEmbeddings;
+use encoder::BertEncoder;
+use loader::WeightFile;
+
+use crate::error::Result;
+
+/// A BERT encoder with sentence pooling on top.
+#[derive(Module, Debug)]
+pub struct BertModel {
+    /// Input embeddings.
+    pub embeddings: BertEmbeddings,
+    /// Transformer layers.
+    pub encoder: BertEncoder,
+    /// Number of attention heads (for the mask shape).
+    pub heads: usize,
+}
+
+impl BertModel {
+    /// Loads every tensor the architecture needs from `weights`, checking shapes.
+    pub fn load(weights: &WeightFile, config: &BertConfig, device: &Device) -> Result<Self> {
+        Ok(Self {
+            embeddings: BertEmbeddings::load(weights, config, device)?,
+            encoder: BertEncoder::load(weights, config, device)?,
+            heads: config.num_attention_heads,
+        })
+    }
+
+    /// Sentence embeddings for one padded batch.
+    ///
+    /// - `input_ids`, `token_type_ids`: `[b, s]`
+    /// - `attention_mask`: `[b, s]`, 1 for real tokens and 0 for padding
+    /// - returns `[b, h]`, L2-normalised when `normalize`
+    pub fn embed(
+        &self,
+        input_ids: Tensor<2, Int>,
+        token_type_ids: Tensor<2, Int>,
+        attention_mask: Tensor<2, Int>,
+        normalize: bool,
+    ) -> Tensor<2> {
+        let [b, s] = input_ids.dims();
+        // [b, s] -> [b, heads, s, s]; true where the key position is padding.
+        let key_is_pad = attention_mask
+            .clone()
+            .equal_elem(0)
+            .reshape([b, 1, 1, s])
+            .expand([b, self.heads, s, s]);
+        let x = self.embeddings.forward(input_ids, token_type_ids);
+        let x = self.encoder.forward(x, key_is_pad);
+        let pooled = pooling::mean_pool(x, attention_mask.float());
+        if normalize {
+            pooling::l2_normalize(pooled)
+        } else {
+            pooled
+        }
+    }
+}
