@@ -1304,8 +1304,12 @@ class Engine:
                 )
                 prog.emit(n, msg, phase="refused")
                 raise FailedPrecondition(msg)
-            # durable before the swap, so a crash right after it loads this and catches up
-            fx.write_checkpoint(coll.dir, gen, snap, faiss.serialize_index(index))
+            # durable before the swap, so a crash right after it loads this and catches up;
+            # under ckpt_lock, which delete_collection holds to remove the directory
+            with coll.ckpt_lock:
+                if coll.dropped:
+                    raise NotFound(f"collection {coll.name!r} was deleted during the rebuild")
+                fx.write_checkpoint(coll.dir, gen, snap, faiss.serialize_index(index))
             old_index = self._swap(
                 coll, gen, index, kind, rparams, target, params, new_embedder, dim, snap, reembed
             )
@@ -1314,9 +1318,11 @@ class Engine:
             raise
         # keep the old generation loadable for rollback without a full rebuild
         try:
-            fx.write_checkpoint(
-                coll.dir, old_gen, old_index[1], faiss.serialize_index(old_index[0])
-            )
+            with coll.ckpt_lock:
+                if not coll.dropped:
+                    fx.write_checkpoint(
+                        coll.dir, old_gen, old_index[1], faiss.serialize_index(old_index[0])
+                    )
         except Exception:
             log.exception("could not checkpoint previous generation %d of %s", old_gen, coll.name)
         self._checkpoint(coll)
@@ -1364,8 +1370,9 @@ class Engine:
                 )
         except Exception:
             log.exception("could not mark generation %d of %s failed", gen, coll.name)
-        for _, p, _ in fx.checkpoint_files(coll.dir, gen):
-            p.unlink(missing_ok=True)
+        with coll.ckpt_lock:  # delete_collection removes the directory under this lock
+            for _, p, _ in fx.checkpoint_files(coll.dir, gen):
+                p.unlink(missing_ok=True)
 
     def _swap(
         self,
