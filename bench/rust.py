@@ -9,7 +9,7 @@ from bench.common import ROOT, table
 
 def run() -> tuple[dict, str]:
     try:
-        import embedder_rs  # noqa: F401
+        from embedder_rs import Embedder  # noqa: F401
     except ImportError as exc:
         return {"skipped": str(exc)}, f"Skipped: embedder_rs is not installed ({exc})."
     sys.path.insert(0, str(ROOT / "bench"))

@@ -13,7 +13,7 @@ PER_ROUND = 96
 
 def run() -> tuple[dict, str]:
     try:
-        import embedder_rs  # noqa: F401
+        from embedder_rs import Embedder  # noqa: F401
     except ImportError as exc:
         return {"skipped": str(exc)}, f"Skipped: embedder_rs is not installed ({exc})."
     texts = list(sentences())[: ROUNDS * PER_ROUND]

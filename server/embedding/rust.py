@@ -20,7 +20,9 @@ class RustEmbedder:
     ) -> None:
         try:
             import embedder_rs
-        except ImportError as exc:
+
+            embedder_rs.Embedder  # noqa: B018  (the source folder alone imports as a namespace)
+        except (ImportError, AttributeError) as exc:
             raise ValueError(
                 "embedder_rs is not installed; `make install` builds it (needs cargo)"
             ) from exc
