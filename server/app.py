@@ -268,10 +268,14 @@ def create_server(
         server,
     )
     address = f"{settings.host}:{settings.port}"
-    if settings.tls_cert:
-        port = server.add_secure_port(address, _tls_credentials(settings))
-    else:
-        port = server.add_insecure_port(address)
+    try:
+        if settings.tls_cert:
+            port = server.add_secure_port(address, _tls_credentials(settings))
+        else:
+            port = server.add_insecure_port(address)
+    except Exception:
+        runtime.close()
+        raise
     if port == 0:
         runtime.close()
         raise InvalidArgument(f"cannot bind {address}; is another server using the port?")
@@ -309,21 +313,6 @@ def _tls_credentials(settings: Settings) -> grpc.ServerCredentials:
 
 def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then drain in-flight calls and flush state."""
-    server, port, runtime = create_server(settings)
-    server.start()
-    if settings.port_file:
-        tmp = Path(settings.port_file + ".tmp")
-        tmp.write_text(str(port))
-        tmp.replace(settings.port_file)
-    log.info(
-        "ragplane %s serving on %s:%d (embedder %s, data %s%s)",
-        __version__,
-        settings.host,
-        port,
-        runtime.embedding.canonical.identity,
-        settings.data_dir,
-        ", TLS" if settings.tls_cert else "",
-    )
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -334,9 +323,29 @@ def serve(settings: Settings) -> None:
         )
         stop.set()
 
+    # Handlers first: a supervisor may signal as soon as the port file appears.
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    stop.wait()
+    server, port, runtime = create_server(settings)
+    server.start()
+    if settings.port_file:
+        tmp = Path(settings.port_file + ".tmp")
+        tmp.write_text(str(port))
+        tmp.replace(settings.port_file)
+    log.info(
+        "ragplane %s serving on %s:%d (embedder %s, data %s%s%s)",
+        __version__,
+        settings.host,
+        port,
+        runtime.embedding.canonical.identity,
+        settings.data_dir,
+        ", TLS" if settings.tls_cert else "",
+        f", metrics on :{runtime.metrics_port}" if runtime.metrics_port else "",
+    )
+    # Python runs signal handlers on the main thread between bytecodes; a bare wait() can
+    # sleep through a signal that the kernel delivered to one of gRPC's threads.
+    while not stop.wait(0.5):
+        pass
     for x in runtime.extras:
         if isinstance(x, _HealthOff):
             x.close()
