@@ -10,7 +10,7 @@ from ragplane.v1 import common_pb2, index_pb2, index_pb2_grpc
 DIM = 384
 
 
-def run(n: int = 1_000_000, batch: int = 5000) -> tuple[dict, str]:
+def run(n: int = 1_000_000, batch: int = 2000) -> tuple[dict, str]:
     srv = start_server("embedder=fake", "koder_toml=")
     try:
         stub = index_pb2_grpc.IndexServiceStub(srv.channel())

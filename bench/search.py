@@ -37,13 +37,13 @@ def run(n_items: int = N_ITEMS) -> tuple[dict, str]:
         ch = srv.channel()
         index = index_pb2_grpc.IndexServiceStub(ch)
         index.CreateCollection(index_pb2.CreateCollectionRequest(name="bench", dim=DIM))
-        for i in range(0, n_items, 5000):
+        for i in range(0, n_items, 2000):
             index.Upsert(
                 index_pb2.UpsertRequest(
                     collection="bench",
                     items=[
                         common_pb2.Item(id=str(j), vector=x[j].tolist())
-                        for j in range(i, min(i + 5000, n_items))
+                        for j in range(i, min(i + 2000, n_items))
                     ],
                 )
             )
