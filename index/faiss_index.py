@@ -289,7 +289,8 @@ def flat_batch_search(
         if allowed is not None:
             s[:, ~allowed(chunk_ids)] = -np.inf
         kk = min(k, s.shape[1])
-        part = np.argpartition(-s, kk - 1, axis=1)[:, :kk]
+        # the kk largest, without negating (and copying) the whole score block
+        part = np.argpartition(s, s.shape[1] - kk, axis=1)[:, s.shape[1] - kk :]
         cand_s = np.take_along_axis(s, part, axis=1)
         cand_i = chunk_ids[part]
         cand_i = np.where(np.isfinite(cand_s), cand_i, -1)
