@@ -59,9 +59,7 @@ impl BertAttention {
         let [b, s, h] = x.dims();
         let dh = h / self.heads;
         // [b, s, 3h] -> [b, s, 3, heads, dh] -> [3, b, heads, s, dh]
-        let qkv = self
-            .qkv
-            .forward(x.clone())
+        let qkv = super::linear_rows(&self.qkv, x.clone())
             .reshape([b, s, 3, self.heads, dh])
             .permute([2, 0, 3, 1, 4]);
         let part =
@@ -77,6 +75,7 @@ impl BertAttention {
         );
         // [b, heads, s, dh] -> [b, s, h]
         let context = context.swap_dims(1, 2).reshape([b, s, h]);
-        self.norm.forward(self.output.forward(context) + x)
+        self.norm
+            .forward(super::linear_rows(&self.output, context) + x)
     }
 }

@@ -83,7 +83,11 @@ impl BertConfig {
         if let Some(eps) = v.get("layer_norm_eps").and_then(Value::as_f64) {
             config.layer_norm_eps = eps;
         }
-        if config.num_attention_heads == 0 || config.hidden_size % config.num_attention_heads != 0 {
+        if config.num_attention_heads == 0
+            || !config
+                .hidden_size
+                .is_multiple_of(config.num_attention_heads)
+        {
             return Err(format!(
                 "hidden_size {} is not a multiple of num_attention_heads {}",
                 config.hidden_size, config.num_attention_heads

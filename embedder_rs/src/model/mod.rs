@@ -67,3 +67,14 @@ impl BertModel {
         }
     }
 }
+
+/// Applies `layer` to `[b, s, d_in]` as one `[b*s, d_in] @ [d_in, d_out]` matmul, so the
+/// CPU gemm gets one large problem it can split across threads instead of `b` small ones.
+///
+/// - `x`: `[b, s, d_in]` -> `[b, s, d_out]`
+pub fn linear_rows(layer: &burn::nn::Linear, x: Tensor<3>) -> Tensor<3> {
+    let [b, s, d_in] = x.dims();
+    let y = layer.forward(x.reshape([b * s, d_in]));
+    let [_, d_out] = y.dims();
+    y.reshape([b, s, d_out])
+}
