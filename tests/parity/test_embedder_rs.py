@@ -238,7 +238,7 @@ def test_wgpu_backend(model_dir: Path, reference, corpus) -> None:
     assert gpu.backend == "wgpu"
     assert gpu.adapter
     print(f"\nwgpu adapter: {gpu.adapter}")
-    texts = corpus[::20][:48] + ["", "Grüße 日本語"]
+    texts = corpus[::130][:6] + ["", "Grüße 日本語"]  # small: lavapipe on 2 cores is slow
     ours = gpu.embed(texts)
     ref = _ref_embed(reference, texts)
     cos = _cosines(ours, ref)
