@@ -207,3 +207,43 @@ def test_unknown_case_and_no_pairs(server, tmp_path):
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         srv.stop()
+
+
+@pytest.mark.parity
+def test_real_embedder_rs_fills_in_agreement(tmp_path, onnx_model):
+    """The shipped pair (canonical model, embedder_rs) at sample rate 1.0 on real text:
+    the evidence gets real agreement numbers and G1's cosine criteria hold."""
+    pytest.importorskip("embedder_rs", reason="embedder_rs is not built (make install)")
+    from server.embedding.rust import RustEmbedder
+
+    rust = RustEmbedder(device="cpu")
+    srv = start(
+        tmp_path,
+        rust,
+        canonical=onnx_model,
+        canonical_name="sentence-transformers",
+        shadow_name="embedder_rs",
+        max_ratio=1.05,
+    )
+    try:
+        texts = corpus(200)[:96]
+        for i in range(0, len(texts), 8):
+            r = embed(srv.stubs, texts[i : i + 8])
+            assert r.embedder.startswith("onnx@")  # the canonical answers
+        srv.runtime.shadow.drain(timeout=600)
+        srv.runtime.shadow.measure_overlap("embeddings")
+        case = srv.stubs.admin.ShadowStatus(admin_pb2.ShadowStatusRequest()).cases[0]
+        rel = case.releases[0]
+        print(
+            f"\nembedder_rs vs canonical on {rel.samples} real texts: min cos "
+            f"{rel.cosine_min:.7f} p1 {rel.cosine_p1:.7f} mean {rel.cosine_mean:.8f} "
+            f"overlap@10 {rel.overlap_at_10:.3f}; time ratio {rel.time_ratio:.2f} "
+            f"(upper {rel.time_ratio_upper:.2f}, A/A {rel.aa_time_ratio:.2f})"
+        )
+        assert rel.shadow == rust.identity and rel.samples == len(texts) and rel.errors == 0
+        assert rel.cosine_min >= 0.9999 and rel.cosine_mean >= 0.99999
+        assert rel.overlap_at_10 >= 0.99 and rel.time_ratio > 0 and rel.aa_time_ratio > 0
+        g1 = case.gates[0]
+        assert g1.name == "G1 agreement" and g1.passed, g1
+    finally:
+        srv.stop()
