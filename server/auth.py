@@ -13,7 +13,6 @@ import contextvars
 import hashlib
 import hmac
 import secrets
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import grpc
 
+from index.store import connect
 from server.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
 
 SCOPES = ("read", "write", "admin")
@@ -81,9 +81,7 @@ class KeyStore:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        self._db = connect(path)
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS keys (key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, "
             "scopes TEXT NOT NULL, hash TEXT NOT NULL, description TEXT NOT NULL, "

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from index.store import connect
 from server.shadow.config import Gates
 from server.shadow.types import FlipEvent, GateResult, ReleaseEvidence
 
@@ -48,9 +48,7 @@ MAX_LOW = 5_000
 class EvidenceStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        self._db = connect(path)
         self._db.executescript(_SCHEMA)
         self._lock = threading.Lock()
 
