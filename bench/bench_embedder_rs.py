@@ -169,13 +169,17 @@ def run_benchmark(
 
 
 def _print_header() -> None:
-    print(f"{'kind':<12} {'batch':>5} {'tokens':>6} {'rust t/s':>10} {'canon t/s':>10} {'ratio':>6}")
+    print(
+        f"{'kind':<12} {'batch':>5} {'tokens':>6} {'rust t/s':>10} {'canon t/s':>10} "
+        f"{'ratio':>6}"
+    )
 
 
 def _print_row(row: dict[str, Any]) -> None:
     print(
         f"{row['kind']:<12} {row['batch_size']:>5} {row['mean_tokens']:>6.0f} "
-        f"{row['rust_texts_per_s']:>10.1f} {row['canonical_texts_per_s']:>10.1f} {row['ratio']:>6.2f}"
+        f"{row['rust_texts_per_s']:>10.1f} {row['canonical_texts_per_s']:>10.1f} "
+        f"{row['ratio']:>6.2f}"
     )
 
 

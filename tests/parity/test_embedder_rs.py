@@ -230,7 +230,8 @@ def test_missing_tensor_and_shape_mismatch(tmp_path: Path, model_dir: Path) -> N
 
 
 def test_wgpu_backend(model_dir: Path, reference, corpus) -> None:
-    """Runs on a real GPU or on lavapipe (scripts/install_vulkan.sh); skips with the reason otherwise."""
+    """Runs on a real GPU or on lavapipe (scripts/install_vulkan.sh); skips with the reason
+    otherwise."""
     try:
         gpu = embedder_rs.Embedder(model_dir, backend="wgpu")
     except embedder_rs.EmbedderError as exc:
