@@ -101,9 +101,13 @@ def test_slow_shadow_changes_no_reply_and_adds_no_latency(tmp_path):
 
 
 def test_evidence_gates_flip_and_unflip(tmp_path):
-    srv = start(tmp_path, FakeEmbedder(version="2"), max_ratio=100.0)
+    srv = start(tmp_path, FakeEmbedder(version="2"), max_ratio=1e9)
     try:
         s = srv.stubs
+        with pytest.raises(grpc.RpcError) as e:  # no evidence yet
+            s.admin.Flip(admin_pb2.FlipRequest(use_case="embeddings"))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "G1 agreement: 40 more compared vectors" in e.value.details()
         s.index.CreateCollection(index_pb2.CreateCollectionRequest(name="docs"))
         s.index.Upsert(
             index_pb2.UpsertRequest(
@@ -111,10 +115,6 @@ def test_evidence_gates_flip_and_unflip(tmp_path):
                 items=[common_pb2.Item(id=str(i), text=t) for i, t in enumerate(corpus(50))],
             )
         )
-        with pytest.raises(grpc.RpcError) as e:
-            s.admin.Flip(admin_pb2.FlipRequest(use_case="embeddings"))
-        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "G1 agreement" in e.value.details() and "more compared vectors" in e.value.details()
         for i in range(0, 60, 4):
             embed(s, corpus(120)[i + 60 : i + 64])
         srv.runtime.shadow.drain()
@@ -183,7 +183,7 @@ def test_forced_flip_and_identity_check(tmp_path):
 
 
 def test_auto_policy_flips_when_gates_hold(tmp_path):
-    srv = start(tmp_path, FakeEmbedder(version="3"), policy="auto", max_ratio=100.0)
+    srv = start(tmp_path, FakeEmbedder(version="3"), policy="auto", max_ratio=1e9)
     try:
         for i in range(0, 80, 4):
             embed(srv.stubs, corpus(200)[i : i + 4])
