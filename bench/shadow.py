@@ -51,8 +51,8 @@ def run() -> tuple[dict, str]:
         [[k, f"{res[k]['texts_per_s']:,.1f}", f"{res[k]['p50_ms']:.1f}"] for k in ("off", "on")],
     )
     md += (
-        f"\n\nCost of the shadow at the default sample rate: throughput "
-        f"{res['throughput_cost'] * 100:+.1f}%, p50 {res['p50_cost'] * 100:+.1f}% "
+        f"\n\nCost of the shadow at the default sample rate: "
+        f"{res['throughput_cost'] * 100:.1f}% of throughput, p50 {res['p50_cost'] * 100:+.1f}% "
         "(concurrency 8, one text per call, alternating rounds)."
     )
     return res, md

@@ -135,7 +135,14 @@ def build_runtime(
         settings, engine, embedding, collections, keys, memory, admin, metrics=metrics
     )
     runtime.extras.append(memory)
-    shadow = _build_shadow(settings, pairs, embedder, shadow_embedders or {}, data_dir)
+    shadow = _build_shadow(
+        settings,
+        pairs,
+        embedder,
+        shadow_embedders or {},
+        data_dir,
+        busy=lambda: embedding.queued_texts > 0,
+    )
     if shadow is not None:
         for case in shadow.cases.values():
             embedding.register(case.shadow)
@@ -153,6 +160,7 @@ def _build_shadow(
     canonical: Embedder,
     given: dict[str, Embedder],
     data_dir: Path,
+    busy: Callable[[], bool] = lambda: False,
 ) -> ShadowManager | None:
     shadows: dict[str, Embedder] = {}
     for case, cfg in pairs.items():
@@ -185,7 +193,9 @@ def _build_shadow(
     if not shadows:
         return None
     store = EvidenceStore(data_dir / "shadow.db")
-    return ShadowManager(pairs, canonical, shadows, store, queue_size=settings.shadow_queue_size)
+    return ShadowManager(
+        pairs, canonical, shadows, store, queue_size=settings.shadow_queue_size, busy=busy
+    )
 
 
 def _is_loopback(host: str) -> bool:

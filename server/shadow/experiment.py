@@ -11,6 +11,7 @@ sample and counts it; a candidate that raises becomes an observation with an err
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import random
 import threading
@@ -62,6 +63,7 @@ class Experiment(Generic[T]):
         ignore: Sequence[Callable[[Observation[T], Observation[T]], bool]] = (),
         queue_size: int = 64,
         rng: random.Random | None = None,
+        nice: int = 0,
     ) -> None:
         self.name = name
         self._candidate = candidate
@@ -73,6 +75,7 @@ class Experiment(Generic[T]):
         self._queue: queue.Queue[tuple[Any, Observation[T]] | None] = queue.Queue(queue_size)
         self._rng = rng or random.Random()
         self.enabled = True
+        self._nice = nice
         self._thread = threading.Thread(target=self._work, name=f"shadow-{name}", daemon=True)
         self._thread.start()
 
@@ -105,6 +108,13 @@ class Experiment(Generic[T]):
         self._thread.join(10)
 
     def _work(self) -> None:
+        if self._nice:
+            # Linux schedules threads individually: the candidate gets the CPU only when
+            # the threads answering requests do not want it.
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._nice)
+            except (AttributeError, OSError):
+                log.info("cannot lower the priority of the %s shadow worker", self.name)
         while True:
             item = self._queue.get()
             try:

@@ -52,6 +52,7 @@ class ShadowManager:
         queue_size: int = 64,
         seed: int | None = None,
         on_flip=None,  # callable(case, serving identity), e.g. to register an embedder
+        busy=lambda: False,  # True while requests wait: the shadow then takes no samples
     ) -> None:
         self.store = store
         self._rng = random.Random(seed)
@@ -73,8 +74,10 @@ class ShadowManager:
                     compare=self._compare,
                     publisher=_Publisher(self, case),
                     sample_rate=cfg.sample_rate,
+                    run_if=lambda _texts: not busy(),
                     queue_size=queue_size,
                     rng=random.Random(self._rng.random()),
+                    nice=19,
                 )
             self.cases[name] = case
 
