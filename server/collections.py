@@ -15,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from index import Engine
+from index.engine import MAX_TOP_K
 from index.types import CollectionInfo, Filter, IndexParams, IndexType, Metric, Record, SearchResult
 from server import auth
 from server.embedding.service import EmbeddingService
@@ -112,13 +113,12 @@ class CollectionService:
                     raise InvalidArgument(
                         f"items[{i}] (id {records[i].id!r}) has neither a vector nor text"
                     )
-            embedder = self._embedder_for(info, "item text")
+            self._embedder_for(info, "item text")
             result = self.embedding.embed([records[i].text for i in to_embed], is_active=is_active)
             identity = result.embedder
             records = list(records)
             for row, i in enumerate(to_embed):
                 records[i] = replace(records[i], vector=result.vectors[row])
-            del embedder
         return self.engine.upsert(tenant, name, records), identity
 
     def get(self, name: str, ids: Sequence[str], *, include_vectors: bool) -> list[Record]:
@@ -152,16 +152,16 @@ class CollectionService:
         identity = ""
         if text is None and vector is None:
             raise InvalidArgument("Search needs a query: set text or vector")
-        if not 0 < top_k <= 10_000:
-            raise InvalidArgument(f"top_k must be in 1..10000, got {top_k}")
+        if not 0 < top_k <= MAX_TOP_K:
+            raise InvalidArgument(f"top_k must be in 1..{MAX_TOP_K}, got {top_k}")
+        info = self.engine.describe(tenant, name)
         if text is not None:
             if not text.strip():
                 raise InvalidArgument("query text is empty")
-            self._embedder_for(self.engine.describe(tenant, name), "the query text")
+            self._embedder_for(info, "the query text")
             result = self.embedding.embed([text], is_active=is_active)
             vector, identity = result.vectors[0], result.embedder
         assert vector is not None
-        info = self.engine.describe(tenant, name)
         if vector.ndim != 1 or vector.shape[0] != info.dim:
             raise InvalidArgument(
                 f"query vector has {vector.size} values; collection {name!r} has dim {info.dim}"

@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from index import Engine
@@ -245,9 +245,7 @@ class MemoryService:
             score = (
                 w.relevance * h.score + w.recency * recency + w.importance * m.importance
             ) / total
-            scored.append(
-                self._to_memory(namespace, h, score=score, relevance=h.score, recency=recency)
-            )
+            scored.append(replace(m, score=score, relevance=h.score, recency=recency))
         scored.sort(key=lambda m: (-m.score, m.id))
         return scored[:top_k]
 
