@@ -506,10 +506,10 @@ class Engine:
             with coll.rw.read():
                 if coll.dropped:
                     return
-                data = faiss.serialize_index(coll.index)
+                staged = fx.stage_checkpoint(coll.dir, coll.index)
                 seq, gen = coll.indexed_seq, coll.generation
                 coll.writes_since_ckpt = 0
-            fx.write_checkpoint(coll.dir, gen, seq, data)
+            fx.commit_checkpoint(coll.dir, gen, seq, staged)
 
     def checkpoint(self) -> None:
         """Checkpoint every collection's index now."""
@@ -1309,7 +1309,7 @@ class Engine:
             with coll.ckpt_lock:
                 if coll.dropped:
                     raise NotFound(f"collection {coll.name!r} was deleted during the rebuild")
-                fx.write_checkpoint(coll.dir, gen, snap, faiss.serialize_index(index))
+                fx.write_checkpoint(coll.dir, gen, snap, index)
             old_index = self._swap(
                 coll, gen, index, kind, rparams, target, params, new_embedder, dim, snap, reembed
             )
@@ -1320,9 +1320,7 @@ class Engine:
         try:
             with coll.ckpt_lock:
                 if not coll.dropped:
-                    fx.write_checkpoint(
-                        coll.dir, old_gen, old_index[1], faiss.serialize_index(old_index[0])
-                    )
+                    fx.write_checkpoint(coll.dir, old_gen, old_index[1], old_index[0])
         except Exception:
             log.exception("could not checkpoint previous generation %d of %s", old_gen, coll.name)
         self._checkpoint(coll)

@@ -16,9 +16,10 @@ import logging
 import math
 import os
 import re
+import tempfile
 import zlib
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import faiss
@@ -212,18 +213,53 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_checkpoint(directory: Path, generation: int, seq: int, data: np.ndarray) -> Path:
-    """Atomically write serialized index bytes; returns the final path. Older checkpoints
-    of the same generation are removed once the new one is durable."""
+@dataclass(frozen=True)
+class StagedCheckpoint:
+    """An index written to a temporary file in the checkpoint directory, not yet visible."""
+
+    tmp: Path
+    crc: int
+
+
+def stage_checkpoint(directory: Path, index: faiss.Index) -> StagedCheckpoint:
+    """Stream `index` into a temporary file, computing its CRC on the way.
+
+    FAISS writes through a callback in 1 MiB blocks, so no in-memory copy of the index is
+    made (faiss.serialize_index would build one in a growing buffer and copy it again into
+    numpy: up to three times the index's size at once). The caller holds whatever lock
+    keeps `index` still; `commit_checkpoint` (fsync, rename) needs no lock.
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    crc = zlib.crc32(memoryview(data)) & 0xFFFFFFFF
-    final = directory / f"g{generation}-s{seq}-{crc:08x}.faiss"
-    tmp = directory / f".tmp-{final.name}-{os.getpid()}-{id(data):x}"
-    with open(tmp, "wb") as f:
-        f.write(memoryview(data))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+    fd, name = tempfile.mkstemp(prefix=".tmp-", suffix=".faiss", dir=directory)
+    crc = 0
+    try:
+        with os.fdopen(fd, "wb") as f:
+
+            def write(block: bytes) -> int:
+                nonlocal crc
+                crc = zlib.crc32(block, crc)
+                return f.write(block)
+
+            faiss.write_index(index, faiss.PyCallbackIOWriter(write, 1 << 20))
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return StagedCheckpoint(Path(name), crc & 0xFFFFFFFF)
+
+
+def commit_checkpoint(
+    directory: Path, generation: int, seq: int, staged: StagedCheckpoint
+) -> Path:
+    """Make a staged checkpoint durable and visible under its final name; older checkpoints
+    of the same generation are removed once it is."""
+    final = directory / f"g{generation}-s{seq}-{staged.crc:08x}.faiss"
+    try:
+        with open(staged.tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(staged.tmp, final)
+    except BaseException:
+        staged.tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(directory)
     for _, p, _ in checkpoint_files(directory, generation):
         if p != final:
@@ -231,18 +267,31 @@ def write_checkpoint(directory: Path, generation: int, seq: int, data: np.ndarra
     return final
 
 
+def write_checkpoint(directory: Path, generation: int, seq: int, index: faiss.Index) -> Path:
+    """Atomically write `index` as the checkpoint of `generation` covering `seq`."""
+    return commit_checkpoint(directory, generation, seq, stage_checkpoint(directory, index))
+
+
+def _file_crc(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            crc = zlib.crc32(block, crc)
+    return crc & 0xFFFFFFFF
+
+
 def load_checkpoint(directory: Path, generation: int) -> tuple[faiss.Index, int] | None:
     """The newest readable checkpoint of `generation` as (index, covered seq), or None.
 
     A file whose checksum does not match or that FAISS cannot parse is logged and skipped;
-    the caller then rebuilds from the store.
+    the caller then rebuilds from the store. The file is read twice (checksum, then FAISS
+    straight from disk) rather than held in memory beside the index it becomes.
     """
     for seq, path, crc in checkpoint_files(directory, generation):
         try:
-            data = path.read_bytes()
-            if zlib.crc32(data) & 0xFFFFFFFF != crc:
+            if _file_crc(path) != crc:
                 raise ValueError("checksum mismatch")
-            idx = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
+            idx = faiss.read_index(str(path))
         except Exception as e:  # a torn or damaged file must never stop start-up
             log.warning("ignoring unreadable index checkpoint %s: %s", path.name, e)
             continue
@@ -267,38 +316,39 @@ def flat_batch_search(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k of `q` [nq, d] over the flat `index`, as FAISS returns it: distances
     (higher-better for ip, squared L2 lower-better) and ids, -1 padded. `allowed(ids)` gives
-    a boolean mask of ids that may be returned (tombstones and filters)."""
+    a boolean mask of ids that may be returned (tombstones and filters).
+
+    Scores come from numpy's sgemm; the top k of each score block is kept by FAISS's own
+    per-query heaps (C++, one pass over the block, rows in parallel), about twice as fast as
+    numpy's argpartition + merge at 32 queries over 100k rows.
+    """
     flat = faiss.downcast_index(index.index)
     n, d = flat.ntotal, flat.d
+    nq = q.shape[0]
     l2 = metric == Metric.L2
+    # the heap keeps the k largest scores; l2 is ranked on the negated squared distance
+    best = np.empty((nq, k), dtype=np.float32)
+    pos = np.empty((nq, k), dtype=np.int64)
+    heap = faiss.float_minheap_array_t()
+    heap.nh, heap.k = nq, k
+    heap.val, heap.ids = faiss.swig_ptr(best), faiss.swig_ptr(pos)
+    heap.heapify()
+    if n:
+        xb = faiss.rev_swig_ptr(flat.get_xb(), n * d).reshape(n, d)
+        ids = faiss.vector_to_array(index.id_map)
+        qn = (q * q).sum(axis=1, keepdims=True) if l2 else None
+        for start in range(0, n, _CHUNK_ROWS):
+            x = xb[start : start + _CHUNK_ROWS]
+            s = q @ x.T  # [nq, rows]
+            if l2:
+                s = 2 * s - qn - (x * x).sum(axis=1)[None, :]
+            if allowed is not None:
+                s[:, ~allowed(ids[start : start + _CHUNK_ROWS])] = -np.inf
+            s = np.ascontiguousarray(s, dtype=np.float32)
+            heap.addn(s.shape[1], faiss.swig_ptr(s), start, 0, nq)
+        heap.reorder()  # best first; empty slots keep id -1
+    found = (pos >= 0) & np.isfinite(best) & (best > -np.finfo(np.float32).max)
+    out_i = np.where(found, ids[np.where(found, pos, 0)] if n else -1, -1)
     worst = np.float32(np.inf if l2 else -np.inf)
-    out_d = np.full((q.shape[0], k), worst, dtype=np.float32)
-    out_i = np.full((q.shape[0], k), -1, dtype=np.int64)
-    if n == 0:
-        return out_d, out_i
-    xb = faiss.rev_swig_ptr(flat.get_xb(), n * d).reshape(n, d)
-    ids = faiss.vector_to_array(index.id_map)
-    qn = (q * q).sum(axis=1, keepdims=True) if l2 else None
-    for start in range(0, n, _CHUNK_ROWS):
-        x = xb[start : start + _CHUNK_ROWS]
-        s = q @ x.T  # [nq, rows]
-        if l2:
-            s = qn - 2 * s + (x * x).sum(axis=1)[None, :]
-            s = -s  # rank higher-better below
-        chunk_ids = ids[start : start + _CHUNK_ROWS]
-        if allowed is not None:
-            s[:, ~allowed(chunk_ids)] = -np.inf
-        kk = min(k, s.shape[1])
-        # the kk largest, without negating (and copying) the whole score block
-        part = np.argpartition(s, s.shape[1] - kk, axis=1)[:, s.shape[1] - kk :]
-        cand_s = np.take_along_axis(s, part, axis=1)
-        cand_i = chunk_ids[part]
-        cand_i = np.where(np.isfinite(cand_s), cand_i, -1)
-        prev_s = -out_d if l2 else out_d
-        all_s = np.concatenate([prev_s, cand_s], axis=1)
-        all_i = np.concatenate([out_i, cand_i], axis=1)
-        order = np.argsort(-all_s, axis=1, kind="stable")[:, :k]
-        best_s = np.take_along_axis(all_s, order, axis=1)
-        out_i = np.where(np.isfinite(best_s), np.take_along_axis(all_i, order, axis=1), -1)
-        out_d = (-best_s if l2 else best_s).astype(np.float32)
+    out_d = np.where(found, -best if l2 else best, worst).astype(np.float32)
     return out_d, out_i

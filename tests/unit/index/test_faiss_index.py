@@ -44,11 +44,9 @@ def test_checkpoint_round_trip_and_newest_wins(tmp_path):
         IndexType.HNSW, 4, Metric.IP, fx.resolve_params(IndexType.HNSW, 4, IndexParams())
     )
     idx.add_with_ids(np.ones((3, 4), np.float32), np.array([1, 2, 3]))
-    import faiss
-
-    fx.write_checkpoint(tmp_path, 1, 3, faiss.serialize_index(idx))
+    fx.write_checkpoint(tmp_path, 1, 3, idx)
     idx.add_with_ids(np.ones((1, 4), np.float32), np.array([9]))
-    fx.write_checkpoint(tmp_path, 1, 9, faiss.serialize_index(idx))
+    fx.write_checkpoint(tmp_path, 1, 9, idx)
     assert len(list(tmp_path.iterdir())) == 1  # the older one is gone
     loaded, seq = fx.load_checkpoint(tmp_path, 1)
     assert seq == 9 and loaded.ntotal == 4

@@ -49,3 +49,16 @@ def test_chunking_merges_top_k_across_chunks(monkeypatch, tmp_path):
         truth = np.argsort(-(q @ x.T), axis=1)[:, :15]
         for r, t in zip(got, truth, strict=True):
             assert [h.id for h in r.hits] == [str(i) for i in t]
+
+
+@pytest.mark.parametrize("metric", list(Metric))
+def test_fewer_items_than_top_k(tmp_path, metric):
+    rng = np.random.default_rng(5)
+    with Engine(tmp_path / "d") as e:
+        e.create_collection("t", "c", dim=8, metric=metric, index_type=IndexType.FLAT, embedder="x")
+        x = rng.standard_normal((3, 8)).astype(np.float32)
+        e.upsert("t", "c", [Record(str(i), x[i]) for i in range(3)])
+        e.delete("t", "c", ids=["1"])
+        got = e.search("t", "c", rng.standard_normal((fx.BLAS_MIN_QUERIES, 8)), 10)
+        assert all(sorted(h.id for h in r.hits) == ["0", "2"] for r in got)
+        assert all(r.returned_k == 2 and r.exhaustive for r in got)
