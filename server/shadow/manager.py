@@ -28,6 +28,7 @@ from server.shadow.types import CaseStatus
 
 log = logging.getLogger(__name__)
 OVERLAP_EVERY = 10  # published samples between overlap@10 measurements
+COMPATIBLE_TTL_S = 1.0  # longest compatible() trusts a G1 it read, without new evidence
 
 
 @dataclass
@@ -39,6 +40,10 @@ class _Case:
     experiment: Experiment | None = None
     probes: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     published: int = 0
+    # G1 as (checked at, passed), so compatible() -- run on every text search of a
+    # collection whose embedder differs from the serving one -- reads the evidence store
+    # at most once per COMPATIBLE_TTL_S; new evidence clears it
+    g1: tuple[float, bool] | None = None
 
 
 class ShadowManager:
@@ -130,6 +135,7 @@ class ShadowManager:
         return cos, bool(cos.min() >= 0.9999)
 
     def _publish(self, case: _Case, result: Result) -> None:
+        case.g1 = None
         release = case.shadow.identity
         cand = result.candidates[0]
         if cand.error is not None:
@@ -266,8 +272,10 @@ class ShadowManager:
             return True
         for case in self.cases.values():
             if {a, b} == {case.canonical.identity, case.shadow.identity}:
-                st = self._status(case)
-                return st.gates[0].passed
+                now, hit = time.monotonic(), case.g1
+                if hit is None or now - hit[0] > COMPATIBLE_TTL_S:
+                    hit = case.g1 = (now, self._status(case).gates[0].passed)
+                return hit[1]
         return False
 
     def drain(self, timeout: float = 60.0) -> None:

@@ -34,3 +34,28 @@ def test_no_samples_while_requests_wait(tmp_path):
         assert rel.samples == 2 and rel.cosine_min > 0.9999
     finally:
         m.close()
+
+
+def test_compatible_reads_gates_once_per_ttl_and_again_after_new_evidence(tmp_path, monkeypatch):
+    canonical, shadow = FakeEmbedder(), FakeEmbedder(version="2")
+    pairs = {"embeddings": PairConfig("embeddings", "fake", "fake", sample_rate=1.0)}
+    m = ShadowManager(pairs, canonical, {"embeddings": shadow}, EvidenceStore(tmp_path / "s.db"))
+    reads = []
+    real = m._status
+    monkeypatch.setattr(m, "_status", lambda case: reads.append(1) or real(case))
+    try:
+        a, b = canonical.identity, shadow.identity
+        assert m.compatible(a, a) and not reads  # same embedder: no read at all
+        first = m.compatible(a, b)
+        for _ in range(50):  # a burst of searches: one read of the evidence store
+            assert m.compatible(b, a) == first
+        assert len(reads) == 1
+        texts = ["one text", "another text"]
+        m.observe("embeddings", texts, canonical.embed(texts, normalize=False), 0.01, a)
+        m.drain()
+        n = len(reads)
+        m.compatible(a, b)
+        assert len(reads) == n + 1  # the new sample cleared the cached G1
+        assert not m.compatible(a, "other@1")
+    finally:
+        m.close()
