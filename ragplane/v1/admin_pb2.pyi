@@ -127,7 +127,7 @@ class GateResult(_message.Message):
     def __init__(self, name: _Optional[str] = ..., passed: _Optional[bool] = ..., value: _Optional[str] = ..., missing: _Optional[str] = ...) -> None: ...
 
 class ReleaseEvidence(_message.Message):
-    __slots__ = ("shadow", "samples", "cosine_min", "cosine_p1", "cosine_mean", "overlap_at_10", "time_ratio", "time_ratio_upper", "aa_time_ratio", "errors", "dropped", "passed_g1", "passed_g2")
+    __slots__ = ("shadow", "samples", "cosine_min", "cosine_p1", "cosine_mean", "overlap_at_10", "time_ratio", "time_ratio_upper", "aa_time_ratio", "errors", "dropped", "passed_g1", "passed_g2", "probes", "timed_batches")
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     COSINE_MIN_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,8 @@ class ReleaseEvidence(_message.Message):
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     PASSED_G1_FIELD_NUMBER: _ClassVar[int]
     PASSED_G2_FIELD_NUMBER: _ClassVar[int]
+    PROBES_FIELD_NUMBER: _ClassVar[int]
+    TIMED_BATCHES_FIELD_NUMBER: _ClassVar[int]
     shadow: str
     samples: int
     cosine_min: float
@@ -154,7 +156,9 @@ class ReleaseEvidence(_message.Message):
     dropped: int
     passed_g1: bool
     passed_g2: bool
-    def __init__(self, shadow: _Optional[str] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_p1: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., overlap_at_10: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ...) -> None: ...
+    probes: int
+    timed_batches: int
+    def __init__(self, shadow: _Optional[str] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_p1: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., overlap_at_10: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ..., probes: _Optional[int] = ..., timed_batches: _Optional[int] = ...) -> None: ...
 
 class FlipEvent(_message.Message):
     __slots__ = ("at", "action", "serving", "forced", "reason")

@@ -123,6 +123,7 @@ def test_evidence_gates_flip_and_unflip(tmp_path):
         rel = case.releases[0]
         assert rel.shadow == "fake@2" and rel.samples >= 40 and rel.cosine_min >= 0.9999
         assert rel.overlap_at_10 == pytest.approx(1.0) and rel.time_ratio > 0
+        assert rel.probes > 0 and rel.timed_batches > 0  # how much evidence stands behind
         assert [g.passed for g in case.gates] == [True, True, True] and case.flip_eligible
         flipped = s.admin.Flip(admin_pb2.FlipRequest(use_case="embeddings")).case
         assert flipped.status == "flipped" and flipped.serving == "fake@2"

@@ -753,6 +753,8 @@ type ReleaseEvidence struct {
 	Dropped        int64                  `protobuf:"varint,11,opt,name=dropped,proto3" json:"dropped,omitempty"`
 	PassedG1       bool                   `protobuf:"varint,12,opt,name=passed_g1,json=passedG1,proto3" json:"passed_g1,omitempty"`
 	PassedG2       bool                   `protobuf:"varint,13,opt,name=passed_g2,json=passedG2,proto3" json:"passed_g2,omitempty"`
+	Probes         int64                  `protobuf:"varint,14,opt,name=probes,proto3" json:"probes,omitempty"`                                 // probe queries behind overlap_at_10
+	TimedBatches   int64                  `protobuf:"varint,15,opt,name=timed_batches,json=timedBatches,proto3" json:"timed_batches,omitempty"` // A/B/A-timed batches behind time_ratio
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -876,6 +878,20 @@ func (x *ReleaseEvidence) GetPassedG2() bool {
 		return x.PassedG2
 	}
 	return false
+}
+
+func (x *ReleaseEvidence) GetProbes() int64 {
+	if x != nil {
+		return x.Probes
+	}
+	return 0
+}
+
+func (x *ReleaseEvidence) GetTimedBatches() int64 {
+	if x != nil {
+		return x.TimedBatches
+	}
+	return 0
 }
 
 type FlipEvent struct {
@@ -1690,7 +1706,7 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06passed\x18\x02 \x01(\bR\x06passed\x12\x14\n" +
 	"\x05value\x18\x03 \x01(\tR\x05value\x12\x18\n" +
-	"\amissing\x18\x04 \x01(\tR\amissing\"\x9d\x03\n" +
+	"\amissing\x18\x04 \x01(\tR\amissing\"\xda\x03\n" +
 	"\x0fReleaseEvidence\x12\x16\n" +
 	"\x06shadow\x18\x01 \x01(\tR\x06shadow\x12\x18\n" +
 	"\asamples\x18\x02 \x01(\x03R\asamples\x12\x1d\n" +
@@ -1708,7 +1724,9 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	" \x01(\x03R\x06errors\x12\x18\n" +
 	"\adropped\x18\v \x01(\x03R\adropped\x12\x1b\n" +
 	"\tpassed_g1\x18\f \x01(\bR\bpassedG1\x12\x1b\n" +
-	"\tpassed_g2\x18\r \x01(\bR\bpassedG2\"}\n" +
+	"\tpassed_g2\x18\r \x01(\bR\bpassedG2\x12\x16\n" +
+	"\x06probes\x18\x0e \x01(\x03R\x06probes\x12#\n" +
+	"\rtimed_batches\x18\x0f \x01(\x03R\ftimedBatches\"}\n" +
 	"\tFlipEvent\x12\x0e\n" +
 	"\x02at\x18\x01 \x01(\x01R\x02at\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12\x18\n" +
