@@ -211,10 +211,16 @@ impl Embedder {
             let ids = |v: &Vec<i64>| {
                 Tensor::<2, Int>::from_data(TensorData::new(v.clone(), shape), device)
             };
+            let lengths: Vec<usize> = batch
+                .attention_mask
+                .chunks_exact(batch.seq_len)
+                .map(|row| row.iter().filter(|&&m| m != 0).count())
+                .collect();
             let pooled = self.model.embed(
                 ids(&batch.input_ids),
                 ids(&batch.token_type_ids),
                 ids(&batch.attention_mask),
+                &lengths,
                 normalize,
             );
             let data = pooled

@@ -5,9 +5,11 @@ use burn::module::Module;
 use burn::nn::{LayerNorm, Linear};
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Bool, Device, Tensor};
+use burn::tensor::{Bool, Device, Tensor, TensorData};
 
+use super::activation::is_host;
 use super::config::BertConfig;
+use super::host_attention;
 use super::loader::{linear_from_host, WeightFile};
 use crate::error::Result;
 
@@ -22,6 +24,17 @@ pub struct BertAttention {
     pub norm: LayerNorm,
     /// Number of heads.
     pub heads: usize,
+    /// On the CPU backend: [`host_attention`] instead of burn's attention.
+    pub host: bool,
+}
+
+/// Which keys each token may attend to.
+#[derive(Clone, Debug)]
+pub enum KeyMask {
+    /// `[b, heads, s, s]`, `true` where the key is padding (GPU backends).
+    Tensor(Box<Tensor<4, Bool>>),
+    /// Real tokens per sequence, right-padded after them (CPU backend).
+    Lengths(Vec<usize>),
 }
 
 impl BertAttention {
@@ -49,17 +62,42 @@ impl BertAttention {
                 device,
             )?,
             heads: c.num_attention_heads,
+            host: is_host(device),
         })
     }
 
     /// - `x`: `[b, s, h]` hidden states
-    /// - `mask`: `[b, heads, s, s]`, `true` where the key is padding
+    /// - `mask`: the padding of each sequence
     /// - returns `[b, s, h]`
-    pub fn forward(&self, x: Tensor<3>, mask: Tensor<4, Bool>) -> Tensor<3> {
+    pub fn forward(&self, x: Tensor<3>, mask: &KeyMask) -> Tensor<3> {
         let [b, s, h] = x.dims();
         let dh = h / self.heads;
+        let qkv = super::linear_rows(&self.qkv, x.clone());
+        let context = match mask {
+            KeyMask::Lengths(lengths) if self.host => {
+                let device = qkv.device();
+                let values = qkv
+                    .into_data()
+                    .try_into_vec::<f32>()
+                    .expect("hidden states are f32");
+                let out = host_attention::attention(&values, [b, s, self.heads, dh], lengths);
+                Tensor::from_data(TensorData::new(out, [b, s, h]), &device)
+            }
+            _ => self.device_attention(qkv, mask, [b, s, h]),
+        };
+        self.norm
+            .forward(super::linear_rows(&self.output, context) + x)
+    }
+
+    /// burn's attention: `qkv` `[b, s, 3h]` -> context `[b, s, h]`.
+    fn device_attention(&self, qkv: Tensor<3>, mask: &KeyMask, [b, s, h]: [usize; 3]) -> Tensor<3> {
+        let dh = h / self.heads;
+        let mask = match mask {
+            KeyMask::Tensor(mask) => (**mask).clone(),
+            KeyMask::Lengths(lengths) => padding_mask(lengths, s, self.heads, &qkv.device()),
+        };
         // [b, s, 3h] -> [b, s, 3, heads, dh] -> [3, b, heads, s, dh]
-        let qkv = super::linear_rows(&self.qkv, x.clone())
+        let qkv = qkv
             .reshape([b, s, 3, self.heads, dh])
             .permute([2, 0, 3, 1, 4]);
         let part =
@@ -74,8 +112,18 @@ impl BertAttention {
             AttentionModuleOptions::default(),
         );
         // [b, heads, s, dh] -> [b, s, h]
-        let context = context.swap_dims(1, 2).reshape([b, s, h]);
-        self.norm
-            .forward(super::linear_rows(&self.output, context) + x)
+        context.swap_dims(1, 2).reshape([b, s, h])
     }
+}
+
+/// `[b, heads, s, s]`, `true` where the key position is past the sequence's length.
+pub fn padding_mask(lengths: &[usize], s: usize, heads: usize, device: &Device) -> Tensor<4, Bool> {
+    let b = lengths.len();
+    let pad: Vec<bool> = lengths
+        .iter()
+        .flat_map(|&len| (0..s).map(move |j| j >= len))
+        .collect();
+    Tensor::<2, Bool>::from_data(TensorData::new(pad, [b, s]), device)
+        .reshape([b, 1, 1, s])
+        .expand([b, heads, s, s])
 }

@@ -2,10 +2,10 @@
 
 use burn::module::Module;
 use burn::nn::{LayerNorm, Linear};
-use burn::tensor::activation::gelu;
-use burn::tensor::{Bool, Device, Tensor};
+use burn::tensor::{Device, Tensor};
 
-use super::attention::BertAttention;
+use super::activation::{gelu, is_host};
+use super::attention::{BertAttention, KeyMask};
 use super::config::BertConfig;
 use super::loader::WeightFile;
 use crate::error::Result;
@@ -21,6 +21,8 @@ pub struct BertLayer {
     pub output: Linear,
     /// LayerNorm over `h` after the feed-forward residual.
     pub norm: LayerNorm,
+    /// Fused host GELU (CPU backend) instead of burn's kernel.
+    pub host_gelu: bool,
 }
 
 impl BertLayer {
@@ -38,16 +40,17 @@ impl BertLayer {
                 c.layer_norm_eps,
                 device,
             )?,
+            host_gelu: is_host(device),
         })
     }
 
-    /// - `x`: `[b, s, h]`, `mask`: `[b, heads, s, s]` (true = padding key)
+    /// - `x`: `[b, s, h]`, `mask`: the padding of each sequence
     /// - returns `[b, s, h]`
-    pub fn forward(&self, x: Tensor<3>, mask: Tensor<4, Bool>) -> Tensor<3> {
+    pub fn forward(&self, x: Tensor<3>, mask: &KeyMask) -> Tensor<3> {
         let x = self.attention.forward(x, mask);
         let y = self
             .output
-            .forward(gelu(self.intermediate.forward(x.clone())));
+            .forward(gelu(self.intermediate.forward(x.clone()), self.host_gelu));
         self.norm.forward(y + x)
     }
 }
@@ -68,10 +71,10 @@ impl BertEncoder {
         Ok(Self { layers })
     }
 
-    /// - `x`: `[b, s, h]`, `mask`: `[b, heads, s, s]` -> `[b, s, h]`
-    pub fn forward(&self, mut x: Tensor<3>, mask: Tensor<4, Bool>) -> Tensor<3> {
+    /// - `x`: `[b, s, h]`, `mask`: the padding of each sequence -> `[b, s, h]`
+    pub fn forward(&self, mut x: Tensor<3>, mask: &KeyMask) -> Tensor<3> {
         for layer in &self.layers {
-            x = layer.forward(x, mask.clone());
+            x = layer.forward(x, mask);
         }
         x
     }

@@ -1,15 +1,18 @@
 //! The BERT model in burn, one file per component.
 
+pub mod activation;
 pub mod attention;
 pub mod config;
 pub mod embeddings;
 pub mod encoder;
+pub mod host_attention;
 pub mod loader;
 pub mod pooling;
 
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
 
+use attention::KeyMask;
 pub use config::BertConfig;
 use embeddings::BertEmbeddings;
 use encoder::BertEncoder;
@@ -38,27 +41,31 @@ impl BertModel {
         })
     }
 
-    /// Sentence embeddings for one padded batch.
+    /// Sentence embeddings for one right-padded batch.
     ///
     /// - `input_ids`, `token_type_ids`: `[b, s]`
     /// - `attention_mask`: `[b, s]`, 1 for real tokens and 0 for padding
+    /// - `lengths`: real tokens per row (the ones of `attention_mask`, all first)
     /// - returns `[b, h]`, L2-normalised when `normalize`
     pub fn embed(
         &self,
         input_ids: Tensor<2, Int>,
         token_type_ids: Tensor<2, Int>,
         attention_mask: Tensor<2, Int>,
+        lengths: &[usize],
         normalize: bool,
     ) -> Tensor<2> {
-        let [b, s] = input_ids.dims();
-        // [b, s] -> [b, heads, s, s]; true where the key position is padding.
-        let key_is_pad = attention_mask
-            .clone()
-            .equal_elem(0)
-            .reshape([b, 1, 1, s])
-            .expand([b, self.heads, s, s]);
+        let [_, s] = input_ids.dims();
+        let device = input_ids.device();
+        let mask = if activation::is_host(&device) {
+            KeyMask::Lengths(lengths.to_vec())
+        } else {
+            KeyMask::Tensor(Box::new(attention::padding_mask(
+                lengths, s, self.heads, &device,
+            )))
+        };
         let x = self.embeddings.forward(input_ids, token_type_ids);
-        let x = self.encoder.forward(x, key_is_pad);
+        let x = self.encoder.forward(x, &mask);
         let pooled = pooling::mean_pool(x, attention_mask.float());
         if normalize {
             pooling::l2_normalize(pooled)

@@ -1,0 +1,280 @@
+//! Self-attention on the CPU backend, straight from the fused QKV projection.
+//!
+//! burn-flex's attention permutes Q, K and V into `[b, heads, s, dh]` copies, masks every
+//! padded key with a per-element branch and takes a scalar `exp` per score: about 30% of
+//! a forward pass after the matmuls were made fast. Here each (sequence, head) is one rayon
+//! task that reads Q, K and V in place from the `[b, s, 3, heads, dh]` projection through
+//! gemm's strides, attends only over the sequence's real tokens (batches are right-padded,
+//! so padding is simply left out rather than masked), and runs a vectorised softmax.
+
+use rayon::prelude::*;
+
+/// Context vectors `[b, s, heads * dh]` of `qkv` (`[b, s, 3, heads, dh]`, row-major).
+///
+/// `lengths[i]` is the number of real tokens of sequence `i`; its padded rows
+/// (`lengths[i]..s`) come back as zeros and no real token attends to them.
+pub fn attention(qkv: &[f32], [b, s, heads, dh]: [usize; 4], lengths: &[usize]) -> Vec<f32> {
+    let h = heads * dh;
+    assert_eq!(qkv.len(), b * s * 3 * h, "qkv must be [b, s, 3, heads, dh]");
+    assert_eq!(lengths.len(), b, "one length per sequence");
+    let mut out = vec![0.0f32; b * s * h];
+    let dst = SendPtr(out.as_mut_ptr());
+    let scale = 1.0 / (dh as f32).sqrt();
+    let token = (3 * h) as isize; // stride between tokens in qkv
+    (0..b * heads)
+        .into_par_iter()
+        .for_each_init(Vec::new, |scores, task| {
+            let (seq, head) = (task / heads, task % heads);
+            let len = lengths[seq].min(s);
+            if len == 0 {
+                return;
+            }
+            let base = seq * s * 3 * h + head * dh;
+            let (q, k, v) = (&qkv[base..], &qkv[base + h..], &qkv[base + 2 * h..]);
+            scores.resize(len * len, 0.0);
+            // SAFETY: q, k, v hold `len` tokens at stride `token` with `dh` values each
+            // (checked against qkv's length above); `scores` is len x len.
+            unsafe {
+                gemm::gemm(
+                    len,
+                    len,
+                    dh,
+                    scores.as_mut_ptr(),
+                    1,
+                    len as isize,
+                    false,
+                    q.as_ptr(),
+                    1,
+                    token,
+                    k.as_ptr(),
+                    token, // K^T: column j is token j
+                    1,
+                    0.0,
+                    scale,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+            for row in scores.chunks_exact_mut(len) {
+                softmax(row);
+            }
+            // SAFETY: this task alone writes rows 0..len, columns head*dh..(head+1)*dh of
+            // sequence `seq` in `out` (tasks differ in seq or head, so blocks are disjoint);
+            // `out` outlives the parallel loop.
+            unsafe {
+                gemm::gemm(
+                    len,
+                    dh,
+                    len,
+                    dst.at(seq * s * h + head * dh),
+                    1,
+                    h as isize,
+                    false,
+                    scores.as_ptr(),
+                    1,
+                    len as isize,
+                    v.as_ptr(),
+                    1,
+                    token,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        });
+    out
+}
+
+/// A raw pointer that rayon tasks may share; each task writes a disjoint block.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: used only for writes to disjoint blocks, see `attention`.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// # Safety
+    /// `offset` must be inside the allocation.
+    unsafe fn at(self, offset: usize) -> *mut f32 {
+        unsafe { self.0.add(offset) }
+    }
+}
+
+/// In-place softmax of one row of scores.
+fn softmax(row: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has just been checked for AVX-512F.
+            return unsafe { softmax_avx512(row) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has just been checked for AVX2.
+            return unsafe { softmax_avx2(row) };
+        }
+    }
+    softmax_generic(row)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn softmax_avx512(row: &mut [f32]) {
+    softmax_generic(row)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn softmax_avx2(row: &mut [f32]) {
+    softmax_generic(row)
+}
+
+/// Independent accumulators per reduction, so the max and the sum vectorise (a single
+/// running f32 sum is a strict sequential dependency LLVM must not reorder).
+const LANES: usize = 16;
+
+#[inline(always)]
+fn softmax_generic(row: &mut [f32]) {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    let max = chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+    row.iter_mut().for_each(|x| *x = exp(*x - max));
+    let mut lanes = [0.0f32; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (s, &x) in lanes.iter_mut().zip(c) {
+            *s += x;
+        }
+    }
+    let sum: f32 = chunks.remainder().iter().chain(&lanes).sum();
+    let inv = 1.0 / sum;
+    row.iter_mut().for_each(|x| *x *= inv);
+}
+
+/// `e^x` for `x <= 0` (scores minus their row maximum), within 2 ulp: Cody-Waite range
+/// reduction `x = n ln2 + r` and Cephes' degree-5 polynomial for `e^r`, branch-free so
+/// that it vectorises. Below -87 it returns ~1e-38 instead of a subnormal; against a row
+/// whose largest term is 1 that is zero.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
+    let p = 1.987_569_1e-4_f32;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 1.666_666_5e-1;
+    let p = p * r + 0.5;
+    let y = p * r * r + r + 1.0;
+    f32::from_bits(((n as i32 + 127) as u32) << 23) * y
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::module::attention as burn_attention;
+    use burn::tensor::ops::AttentionModuleOptions;
+    use burn::tensor::{Bool, Device, Tensor, TensorData};
+
+    #[test]
+    fn softmax_sums_to_one_and_keeps_order() {
+        for n in [1usize, 5, 16, 17, 100, 256] {
+            let mut row: Vec<f32> = (0..n).map(|i| ((i * 37) % 11) as f32 * 0.7 - 3.0).collect();
+            let logits = row.clone();
+            softmax(&mut row);
+            let z: f64 = logits.iter().map(|&x| (x as f64).exp()).sum();
+            for (p, &x) in row.iter().zip(&logits) {
+                assert!((*p as f64 - (x as f64).exp() / z).abs() < 1e-6, "n {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn exp_is_within_2e7_relative() {
+        let mut worst = 0.0f64;
+        for i in 0..=870_000 {
+            let x = -(i as f32) * 1e-4;
+            let want = (x as f64).exp(); // of the f32 input, so only exp's error counts
+            worst = worst.max(((exp(x) as f64) - want).abs() / want);
+        }
+        assert!(worst < 2e-7, "max relative error {worst}");
+        assert_eq!(exp(0.0), 1.0);
+    }
+
+    fn lcg(n: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed;
+        (0..n)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+            })
+            .collect()
+    }
+
+    /// Agrees with burn's masked attention on every real token, for ragged lengths.
+    #[test]
+    fn matches_burn_attention_on_real_tokens() {
+        let (b, s, heads, dh) = (3, 11, 4, 8);
+        let h = heads * dh;
+        let lengths = [11, 5, 1];
+        let qkv = lcg(b * s * 3 * h, 7);
+        let ours = attention(&qkv, [b, s, heads, dh], &lengths);
+
+        let device = Device::flex();
+        let t = Tensor::<5>::from_data(TensorData::new(qkv, [b, s, 3, heads, dh]), &device)
+            .permute([2, 0, 3, 1, 4]);
+        let part = |i: usize| t.clone().narrow(0, i, 1).reshape([b, heads, s, dh]);
+        let pad: Vec<bool> = (0..b)
+            .flat_map(|i| (0..s).map(move |j| j >= lengths[i]))
+            .collect();
+        let mask = Tensor::<2, Bool>::from_data(TensorData::new(pad, [b, s]), &device)
+            .reshape([b, 1, 1, s])
+            .expand([b, heads, s, s]);
+        let want = burn_attention(
+            part(0),
+            part(1),
+            part(2),
+            Some(mask),
+            None,
+            AttentionModuleOptions::default(),
+        )
+        .swap_dims(1, 2)
+        .reshape([b, s, h])
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+        for (i, &len) in lengths.iter().enumerate() {
+            for j in 0..s {
+                let row = (i * s + j) * h;
+                for c in 0..h {
+                    if j < len {
+                        let (a, w) = (ours[row + c], want[row + c]);
+                        assert!(
+                            (a - w).abs() < 1e-5,
+                            "seq {i} token {j} col {c}: {a} vs {w}"
+                        );
+                    } else {
+                        assert_eq!(ours[row + c], 0.0, "padding rows stay zero");
+                    }
+                }
+            }
+        }
+    }
+}
