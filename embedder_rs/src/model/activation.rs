@@ -8,6 +8,8 @@
 use burn::tensor::{Device, Tensor, TensorData};
 use rayon::prelude::*;
 
+use super::simd::multiversion;
+
 /// `erf(x)` as a rational function `x * P(x^2) / Q(x^2)` on `[-4, 4]` (outside it erf is
 /// +/-1 in f32). Maximum absolute error 4.2e-7 over `[-6, 6]` against the exact erf
 /// (checked in the tests below); no branches, so it vectorises.
@@ -41,33 +43,13 @@ pub fn gelu_scalar(x: f32) -> f32 {
 /// Elements per rayon task: large enough to amortise scheduling.
 const CHUNK: usize = 16 * 1024;
 
-/// GELU of every element, in place, at the widest vectors the CPU has.
-fn gelu_slice(values: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has just been checked for AVX-512F.
-            return unsafe { gelu_slice_avx512(values) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has just been checked for AVX2.
-            return unsafe { gelu_slice_avx2(values) };
-        }
-    }
+#[inline(always)]
+fn gelu_in_place(values: &mut [f32]) {
     values.iter_mut().for_each(|v| *v = gelu_scalar(*v));
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn gelu_slice_avx512(values: &mut [f32]) {
-    values.iter_mut().for_each(|v| *v = gelu_scalar(*v));
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn gelu_slice_avx2(values: &mut [f32]) {
-    values.iter_mut().for_each(|v| *v = gelu_scalar(*v));
-}
+// GELU of every element, in place, at the widest vectors the CPU has.
+multiversion!(fn gelu_slice, gelu_in_place);
 
 /// GELU of `x`: fused on the host, burn's kernel elsewhere.
 pub fn gelu<const D: usize>(x: Tensor<D>, host: bool) -> Tensor<D> {

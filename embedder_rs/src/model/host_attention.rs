@@ -9,6 +9,8 @@
 
 use rayon::prelude::*;
 
+use super::simd::multiversion;
+
 /// Context vectors `[b, s, heads * dh]` of `qkv` (`[b, s, 3, heads, dh]`, row-major).
 ///
 /// `lengths[i]` is the number of real tokens of sequence `i`; its padded rows
@@ -105,33 +107,7 @@ impl SendPtr {
     }
 }
 
-/// In-place softmax of one row of scores.
-fn softmax(row: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has just been checked for AVX-512F.
-            return unsafe { softmax_avx512(row) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has just been checked for AVX2.
-            return unsafe { softmax_avx2(row) };
-        }
-    }
-    softmax_generic(row)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn softmax_avx512(row: &mut [f32]) {
-    softmax_generic(row)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn softmax_avx2(row: &mut [f32]) {
-    softmax_generic(row)
-}
+multiversion!(fn softmax, softmax_generic);
 
 /// Independent accumulators per reduction, so the max and the sum vectorise (a single
 /// running f32 sum is a strict sequential dependency LLVM must not reorder).
@@ -187,9 +163,10 @@ pub fn exp(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::attention::padding_mask;
     use burn::tensor::module::attention as burn_attention;
     use burn::tensor::ops::AttentionModuleOptions;
-    use burn::tensor::{Bool, Device, Tensor, TensorData};
+    use burn::tensor::{Device, Tensor, TensorData};
 
     #[test]
     fn softmax_sums_to_one_and_keeps_order() {
@@ -241,12 +218,7 @@ mod tests {
         let t = Tensor::<5>::from_data(TensorData::new(qkv, [b, s, 3, heads, dh]), &device)
             .permute([2, 0, 3, 1, 4]);
         let part = |i: usize| t.clone().narrow(0, i, 1).reshape([b, heads, s, dh]);
-        let pad: Vec<bool> = (0..b)
-            .flat_map(|i| (0..s).map(move |j| j >= lengths[i]))
-            .collect();
-        let mask = Tensor::<2, Bool>::from_data(TensorData::new(pad, [b, s]), &device)
-            .reshape([b, 1, 1, s])
-            .expand([b, heads, s, s]);
+        let mask = padding_mask(&lengths, s, heads, &device);
         let want = burn_attention(
             part(0),
             part(1),

@@ -8,6 +8,7 @@ pub mod encoder;
 pub mod host_attention;
 pub mod loader;
 pub mod pooling;
+mod simd;
 
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
