@@ -83,37 +83,35 @@ impl BertAttention {
                 let out = host_attention::attention(&values, [b, s, self.heads, dh], lengths);
                 Tensor::from_data(TensorData::new(out, [b, s, h]), &device)
             }
-            _ => self.device_attention(qkv, mask, [b, s, h]),
+            _ => device_attention(qkv, mask, self.heads),
         };
         self.norm
             .forward(super::linear_rows(&self.output, context) + x)
     }
+}
 
-    /// burn's attention: `qkv` `[b, s, 3h]` -> context `[b, s, h]`.
-    fn device_attention(&self, qkv: Tensor<3>, mask: &KeyMask, [b, s, h]: [usize; 3]) -> Tensor<3> {
-        let dh = h / self.heads;
-        let mask = match mask {
-            KeyMask::Tensor(mask) => (**mask).clone(),
-            KeyMask::Lengths(lengths) => padding_mask(lengths, s, self.heads, &qkv.device()),
-        };
-        // [b, s, 3h] -> [b, s, 3, heads, dh] -> [3, b, heads, s, dh]
-        let qkv = qkv
-            .reshape([b, s, 3, self.heads, dh])
-            .permute([2, 0, 3, 1, 4]);
-        let part =
-            |i: usize| -> Tensor<4> { qkv.clone().narrow(0, i, 1).reshape([b, self.heads, s, dh]) };
-        // [b, heads, s, dh]
-        let context = attention(
-            part(0),
-            part(1),
-            part(2),
-            Some(mask),
-            None,
-            AttentionModuleOptions::default(),
-        );
-        // [b, heads, s, dh] -> [b, s, h]
-        context.swap_dims(1, 2).reshape([b, s, h])
-    }
+/// burn's attention over the fused projection: `qkv` `[b, s, 3h]` -> context `[b, s, h]`.
+pub fn device_attention(qkv: Tensor<3>, mask: &KeyMask, heads: usize) -> Tensor<3> {
+    let [b, s, h3] = qkv.dims();
+    let (h, dh) = (h3 / 3, h3 / 3 / heads);
+    let mask = match mask {
+        KeyMask::Tensor(mask) => (**mask).clone(),
+        KeyMask::Lengths(lengths) => padding_mask(lengths, s, heads, &qkv.device()),
+    };
+    // [b, s, 3h] -> [b, s, 3, heads, dh] -> [3, b, heads, s, dh]
+    let qkv = qkv.reshape([b, s, 3, heads, dh]).permute([2, 0, 3, 1, 4]);
+    let part = |i: usize| -> Tensor<4> { qkv.clone().narrow(0, i, 1).reshape([b, heads, s, dh]) };
+    // [b, heads, s, dh]
+    let context = attention(
+        part(0),
+        part(1),
+        part(2),
+        Some(mask),
+        None,
+        AttentionModuleOptions::default(),
+    );
+    // [b, heads, s, dh] -> [b, s, h]
+    context.swap_dims(1, 2).reshape([b, s, h])
 }
 
 /// `[b, heads, s, s]`, `true` where the key position is past the sequence's length.
