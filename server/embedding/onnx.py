@@ -23,7 +23,10 @@ from server.embedding.st import default_model_dir
 from server.embedding.tokens import TokenCounter
 
 log = logging.getLogger(__name__)
-SUB_BATCH = 32  # length-sorted sub-batches: little padding, enough work per run
+# Length-sorted sub-batches: little padding, enough work per run. On 2 CPU cores, 256
+# sentences ran at 234-251 texts/s in runs of 16 against 191-217 in runs of 32 (and
+# 161-165 in 64), with long passages level; a GPU wants more work per run.
+SUB_BATCH = {"cpu": 16, "cuda": 32}
 
 
 def cache_dir() -> Path:
@@ -153,8 +156,9 @@ class OnnxEmbedder:
         lengths = self._tokens.truncated(texts)
         order = np.argsort(lengths, kind="stable")
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        for start in range(0, len(texts), SUB_BATCH):
-            idx = order[start : start + SUB_BATCH]
+        step = SUB_BATCH[self.device]
+        for start in range(0, len(texts), step):
+            idx = order[start : start + step]
             out[idx] = self._run([texts[i] for i in idx])
         return l2_normalize(out) if normalize else out
 
