@@ -7,7 +7,6 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Tensor, TensorData};
 
-use super::activation::is_host;
 use super::config::BertConfig;
 use super::host_attention;
 use super::loader::{linear_from_host, WeightFile};
@@ -24,16 +23,14 @@ pub struct BertAttention {
     pub norm: LayerNorm,
     /// Number of heads.
     pub heads: usize,
-    /// On the CPU backend: [`host_attention`] instead of burn's attention.
-    pub host: bool,
 }
 
-/// Which keys each token may attend to.
+/// Which keys each token may attend to; the variant also picks the attention kernel.
 #[derive(Clone, Debug)]
 pub enum KeyMask {
-    /// `[b, heads, s, s]`, `true` where the key is padding (GPU backends).
+    /// `[b, heads, s, s]`, `true` where the key is padding: burn's attention (GPU backends).
     Tensor(Box<Tensor<4, Bool>>),
-    /// Real tokens per sequence, right-padded after them (CPU backend).
+    /// Real tokens per sequence, right-padded after them: [`host_attention`] (CPU backend).
     Lengths(Vec<usize>),
 }
 
@@ -62,7 +59,6 @@ impl BertAttention {
                 device,
             )?,
             heads: c.num_attention_heads,
-            host: is_host(device),
         })
     }
 
@@ -74,7 +70,7 @@ impl BertAttention {
         let dh = h / self.heads;
         let qkv = super::linear_rows(&self.qkv, x.clone());
         let context = match mask {
-            KeyMask::Lengths(lengths) if self.host => {
+            KeyMask::Lengths(lengths) => {
                 let device = qkv.device();
                 let values = qkv
                     .into_data()
@@ -83,21 +79,18 @@ impl BertAttention {
                 let out = host_attention::attention(&values, [b, s, self.heads, dh], lengths);
                 Tensor::from_data(TensorData::new(out, [b, s, h]), &device)
             }
-            _ => device_attention(qkv, mask, self.heads),
+            KeyMask::Tensor(mask) => device_attention(qkv, (**mask).clone(), self.heads),
         };
         self.norm
             .forward(super::linear_rows(&self.output, context) + x)
     }
 }
 
-/// burn's attention over the fused projection: `qkv` `[b, s, 3h]` -> context `[b, s, h]`.
-pub fn device_attention(qkv: Tensor<3>, mask: &KeyMask, heads: usize) -> Tensor<3> {
+/// burn's attention over the fused projection: `qkv` `[b, s, 3h]` and `mask`
+/// `[b, heads, s, s]` (see [`padding_mask`]) -> context `[b, s, h]`.
+pub fn device_attention(qkv: Tensor<3>, mask: Tensor<4, Bool>, heads: usize) -> Tensor<3> {
     let [b, s, h3] = qkv.dims();
     let (h, dh) = (h3 / 3, h3 / 3 / heads);
-    let mask = match mask {
-        KeyMask::Tensor(mask) => (**mask).clone(),
-        KeyMask::Lengths(lengths) => padding_mask(lengths, s, heads, &qkv.device()),
-    };
     // [b, s, 3h] -> [b, s, 3, heads, dh] -> [3, b, heads, s, dh]
     let qkv = qkv.reshape([b, s, 3, heads, dh]).permute([2, 0, 3, 1, 4]);
     let part = |i: usize| -> Tensor<4> { qkv.clone().narrow(0, i, 1).reshape([b, heads, s, dh]) };

@@ -4,7 +4,7 @@ use burn::module::Module;
 use burn::nn::{LayerNorm, Linear};
 use burn::tensor::{Device, Tensor};
 
-use super::activation::{gelu, is_host};
+use super::activation::gelu;
 use super::attention::{BertAttention, KeyMask};
 use super::config::BertConfig;
 use super::loader::WeightFile;
@@ -21,8 +21,6 @@ pub struct BertLayer {
     pub output: Linear,
     /// LayerNorm over `h` after the feed-forward residual.
     pub norm: LayerNorm,
-    /// Fused host GELU (CPU backend) instead of burn's kernel.
-    pub host_gelu: bool,
 }
 
 impl BertLayer {
@@ -40,7 +38,6 @@ impl BertLayer {
                 c.layer_norm_eps,
                 device,
             )?,
-            host_gelu: is_host(device),
         })
     }
 
@@ -50,7 +47,7 @@ impl BertLayer {
         let x = self.attention.forward(x, mask);
         let y = self
             .output
-            .forward(gelu(self.intermediate.forward(x.clone()), self.host_gelu));
+            .forward(gelu(self.intermediate.forward(x.clone())));
         self.norm.forward(y + x)
     }
 }

@@ -163,7 +163,7 @@ pub fn exp(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::attention::{device_attention, padding_mask, KeyMask};
+    use crate::model::attention::{device_attention, padding_mask};
     use burn::tensor::{Device, Tensor, TensorData};
 
     #[test]
@@ -215,8 +215,8 @@ mod tests {
 
         let device = Device::flex();
         let fused = Tensor::<3>::from_data(TensorData::new(qkv, [b, s, 3 * h]), &device);
-        let mask = KeyMask::Tensor(Box::new(padding_mask(&lengths, s, heads, &device)));
-        let want = device_attention(fused, &mask, heads)
+        let mask = padding_mask(&lengths, s, heads, &device);
+        let want = device_attention(fused, mask, heads)
             .into_data()
             .try_to_vec::<f32>()
             .unwrap();

@@ -58,7 +58,7 @@ impl BertModel {
     ) -> Tensor<2> {
         let [_, s] = input_ids.dims();
         let device = input_ids.device();
-        let mask = if activation::is_host(&device) {
+        let mask = if crate::backend::is_cpu(&device) {
             KeyMask::Lengths(lengths.to_vec())
         } else {
             KeyMask::Tensor(Box::new(attention::padding_mask(
