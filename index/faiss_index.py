@@ -346,8 +346,10 @@ def flat_batch_search(
                 s[:, ~allowed(ids[start : start + _CHUNK_ROWS])] = -np.inf
             s = np.ascontiguousarray(s, dtype=np.float32)
             heap.addn(s.shape[1], faiss.swig_ptr(s), start, 0, nq)
-        heap.reorder()  # best first; empty slots keep id -1
-    found = (pos >= 0) & np.isfinite(best) & (best > -np.finfo(np.float32).max)
+        heap.reorder()  # best first
+    # empty slots keep FAISS's neutral (-FLT_MAX, id -1); a masked -inf score never
+    # beats it, so a filled slot is exactly one with an id
+    found = pos >= 0
     out_i = np.where(found, ids[np.where(found, pos, 0)] if n else -1, -1)
     worst = np.float32(np.inf if l2 else -np.inf)
     out_d = np.where(found, -best if l2 else best, worst).astype(np.float32)
