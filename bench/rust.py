@@ -41,7 +41,7 @@ def run(rounds: int = 3) -> tuple[dict, str]:
     n_max = max(TEXTS_PER_BATCH_SIZE.values())
     corpora = {
         "short": _short_texts(n_max),
-        "passage_170": _passages(n_max, rust._e.count_tokens),
+        "passage_170": _passages(n_max, rust.count_tokens),
     }
     for texts in corpora.values():  # warm-up: lazy inits, first allocations
         for e in sides.values():
@@ -58,7 +58,7 @@ def run(rounds: int = 3) -> tuple[dict, str]:
     results: dict = {"min_cosine_rust_vs_onnx": agree}
     rows = []
     for kind, texts in corpora.items():
-        tokens = rust._e.count_tokens(texts)
+        tokens = rust.count_tokens(texts)
         for bs in BATCHES:
             n = min(TEXTS_PER_BATCH_SIZE[bs], len(texts))
             batches = [texts[i : i + bs] for i in range(0, n, bs)]
