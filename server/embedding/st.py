@@ -1,4 +1,9 @@
-"""The canonical embedder: sentence-transformers (torch), CUDA when torch sees a GPU."""
+"""The canonical embedder: sentence-transformers (torch), CUDA when torch sees a GPU.
+
+On CPU it is `SentenceTransformer.encode`. On CUDA it runs the same weights through
+`server.embedding.st_fast.PipelinedEncoder` (fp16 when G1 holds, overlapped tokenisation,
+token-budget batches), because encode() leaves a GPU mostly idle (see GPU.md numbers in
+BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -28,13 +33,39 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _load_st(cls, path: Path, device: str):
+    """SDPA attention on CUDA (fused, fp16-friendly kernels); the CPU keeps the library's
+    default so its vectors do not move. Older transformers without the option load plainly."""
+    if not device.startswith("cuda"):
+        return cls(str(path), device=device, local_files_only=True)
+    try:
+        return cls(
+            str(path),
+            device=device,
+            local_files_only=True,
+            model_kwargs={"attn_implementation": "sdpa"},
+        )
+    except (TypeError, ValueError, ImportError) as exc:
+        log.warning("sdpa attention unavailable (%s); loading the default", exc)
+        return cls(str(path), device=device, local_files_only=True)
+
+
 class SentenceTransformersEmbedder:
     name = "sentence-transformers"
     family = "sentence-transformers"
 
     def __init__(
-        self, model_dir: str | Path | None = None, device: str = "auto", max_seq_length: int = 256
+        self,
+        model_dir: str | Path | None = None,
+        device: str = "auto",
+        max_seq_length: int = 256,
+        *,
+        half: bool = True,
+        pipelined: bool | None = None,
+        token_budget: int | None = None,
     ) -> None:
+        """`half`: fp16 on the pipelined path when it keeps G1 against fp32 (checked at load).
+        `pipelined`: None = on for CUDA only; the CPU keeps encode() and its vectors."""
         import sentence_transformers
         from sentence_transformers import SentenceTransformer
 
@@ -42,7 +73,9 @@ class SentenceTransformersEmbedder:
         if not (path / "config.json").exists():
             raise ValueError(f"{path} is not a sentence-transformers model directory")
         self.device = resolve_device(device)
-        self._model = SentenceTransformer(str(path), device=self.device, local_files_only=True)
+        if pipelined is None:
+            pipelined = self.device.startswith("cuda")
+        self._model = _load_st(SentenceTransformer, path, self.device)
         # The shipped tokenizer.json says 128; sentence-transformers passes max_length on
         # every call, so setting max_seq_length here is what makes it truncate at 256.
         self._model.max_seq_length = max_seq_length
@@ -51,13 +84,37 @@ class SentenceTransformersEmbedder:
         self.model = path.name if path.name != "model" else "all-MiniLM-L6-v2"
         self.version = sentence_transformers.__version__
         self._tokens = TokenCounter(path, max_seq_length)
-        log.info("sentence-transformers %s on %s, dim %d", self.model, self.device, self.dim)
+        self._fast = None
+        if pipelined:
+            from server.embedding.st_fast import DEFAULT_TOKEN_BUDGET, PipelinedEncoder
+
+            self._fast = PipelinedEncoder(
+                self._model,
+                path,
+                max_seq_length,
+                half=half,
+                token_budget=token_budget or DEFAULT_TOKEN_BUDGET,
+            )
+        log.info(
+            "sentence-transformers %s on %s (%s), dim %d",
+            self.model,
+            self.device,
+            self.precision,
+            self.dim,
+        )
+
+    @property
+    def precision(self) -> str:
+        """How the vectors are computed: encode-fp32, or the pipelined path's fp16/fp32."""
+        return f"pipelined-{self._fast.precision}" if self._fast else "encode-fp32"
 
     @property
     def identity(self) -> str:
         return f"{self.name}@{self.version}"
 
     def embed(self, texts: Sequence[str], normalize: bool = True) -> np.ndarray:
+        if self._fast is not None:
+            return self._fast.encode(texts, normalize)
         # encode() sorts by length and cuts batches of `batch_size`: 32 keeps padding waste
         # small while a pass still amortises its overhead.
         vectors = self._model.encode(
