@@ -56,6 +56,15 @@ from server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, No
 log = logging.getLogger(__name__)
 
 MAX_TOP_K = 10_000
+# FAISS GPU indexes answer at most this many neighbours per query.
+_GPU_MAX_K = 2048
+
+
+def faiss_gpu_available() -> bool:
+    """Whether this FAISS build has GPU support (faiss-gpu, the [gpu] extra) and sees a GPU."""
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
 MAX_DIM = 65_536
 MAX_ID_LEN = 1024
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
@@ -254,11 +263,14 @@ class Engine:
         self._idx_dir = self._dir / "indexes"
         self._idx_dir.mkdir(exist_ok=True)
         self._checkpoint_every = max(1, int(checkpoint_every))
-        # GPU hook: faiss-cpu builds have no GPU support; with faiss-gpu and a device the
-        # flat indexes could be cloned to it here. Searches with ID selectors stay on CPU.
-        self._use_gpu = (
-            bool(use_gpu) and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
-        )
+        # Unfiltered searches of flat indexes run on a GPU copy when FAISS can (faiss-gpu and
+        # a device); searches with ID selectors (filters, tombstones) stay on the CPU index,
+        # which remains the one that is written and checkpointed.
+        self._use_gpu = bool(use_gpu) and faiss_gpu_available()
+        self._gpu_res: Any = faiss.StandardGpuResources() if self._use_gpu else None
+        # one GPU resource object is not safe for concurrent use: copies and searches queue
+        self._gpu_lock = threading.Lock()
+        self._gpu_copies: dict[int, tuple[Any, int, Any]] = {}  # coll id -> (cpu, ntotal, gpu)
         self._lock_file = open(self._dir / "LOCK", "a+")  # noqa: SIM115 - held for the Engine's life
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -1043,7 +1055,9 @@ class Engine:
                     sel = coll.live_selector()
                 else:
                     sel = None
-                if kind == IndexType.FLAT and nq >= fx.BLAS_MIN_QUERIES:
+                if self._use_gpu and kind == IndexType.FLAT and sel is None and k <= _GPU_MAX_K:
+                    dist, lab = self._gpu_search(coll, q, k)
+                elif kind == IndexType.FLAT and nq >= fx.BLAS_MIN_QUERIES:
                     if matching is not None:
                         allowed = _mask_lookup(mask)
                     elif sel is not None:
@@ -1103,6 +1117,17 @@ class Engine:
             row_exact = exhaustive or (exact_rows is not None and row in exact_rows)
             out.append(SearchResult(hits=hl, returned_k=len(hl), exhaustive=bool(row_exact)))
         return out
+
+    def _gpu_search(self, coll: _Coll, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Search a GPU copy of coll's flat index, copied again once rows were added or the
+        index was replaced (flat indexes only grow in place). Called under rw read."""
+        with self._gpu_lock:
+            cached = self._gpu_copies.get(coll.id)
+            if cached is None or cached[0] is not coll.index or cached[1] != coll.index.ntotal:
+                gpu = faiss.index_cpu_to_gpu(self._gpu_res, 0, coll.index)
+                cached = (coll.index, coll.index.ntotal, gpu)
+                self._gpu_copies[coll.id] = cached
+            return cached[2].search(q, k)
 
     def _exact(
         self, coll: _Coll, q: np.ndarray, k: int, seqs: np.ndarray

@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from index import Engine
+from index.engine import faiss_gpu_available
 from ragplane.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -96,6 +97,7 @@ def build_runtime(
                 model_dir=settings.model_dir,
                 device=settings.device,
                 max_seq_length=settings.max_seq_length,
+                half=settings.cuda_fp16,
             )
         except (ValueError, OSError) as exc:
             raise InvalidArgument(f"cannot load embedder {settings.embedder!r}: {exc}") from exc
@@ -111,7 +113,13 @@ def build_runtime(
         batch_max_wait_s=settings.batch_max_wait_ms / 1000.0,
         queue_texts=settings.embed_queue_texts,
     )
-    engine = Engine(data_dir, checkpoint_every=settings.checkpoint_every)
+    use_gpu = settings.faiss_gpu != "off" and faiss_gpu_available()
+    if settings.faiss_gpu == "on" and not use_gpu:
+        raise InvalidArgument(
+            "faiss_gpu=on but FAISS has no GPU support or sees no GPU; install the [gpu] "
+            "extra (make install-gpu) on a CUDA machine, or set faiss_gpu=auto"
+        )
+    engine = Engine(data_dir, checkpoint_every=settings.checkpoint_every, use_gpu=use_gpu)
     collections = CollectionService(
         engine,
         embedding,

@@ -8,12 +8,18 @@ __all__ = ["Embedder", "identity_of", "l2_normalize", "load_embedder"]
 
 
 def load_embedder(
-    name: str, *, model_dir: str = "", device: str = "auto", max_seq_length: int = 256
+    name: str,
+    *,
+    model_dir: str = "",
+    device: str = "auto",
+    max_seq_length: int = 256,
+    half: bool = True,
 ) -> Embedder:
     """Build an embedder by configuration name. Raises ValueError with a clear message.
 
     `auto` picks the faster canonical backend for the device (see BENCHMARKS.md): ONNX
-    Runtime on CPU, sentence-transformers (torch) on CUDA."""
+    Runtime on CPU, sentence-transformers (torch) on CUDA. `half` lets the latter run in fp16
+    on CUDA when G1 holds."""
     if name == "auto":
         from server.embedding.st import resolve_device
 
@@ -25,7 +31,7 @@ def load_embedder(
     if name == "sentence-transformers":
         from server.embedding.st import SentenceTransformersEmbedder
 
-        return SentenceTransformersEmbedder(model_dir or None, device, max_seq_length)
+        return SentenceTransformersEmbedder(model_dir or None, device, max_seq_length, half=half)
     if name == "onnx":
         from server.embedding.onnx import OnnxEmbedder
 
