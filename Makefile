@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install tools serve test test-all lint protos protos-check bench loadtest clean
+.PHONY: help install install-gpu tools serve test test-all lint protos protos-check bench loadtest clean
 
 help: ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -21,6 +21,16 @@ $(VENV)/.installed: pyproject.toml constraints.txt embedder_rs/Cargo.toml script
 	touch $@
 
 install: $(VENV)/.installed ## create .venv with the service, embedder_rs and dev tools
+
+# faiss-gpu-cu12 and onnxruntime-gpu install the same modules as faiss-cpu and onnxruntime:
+# with both present the CPU files may win, so the twins go and the GPU wheels are laid again.
+install-gpu: install ## also the [gpu] extra: faiss-gpu and onnxruntime-gpu (Linux x86_64 + CUDA)
+	$(PIP) install -q -c constraints.txt -e ".[gpu]"
+	if $(PY) -c "import platform, sys; sys.exit(not (sys.platform == 'linux' and platform.machine() == 'x86_64'))"; then \
+	  $(PIP) uninstall -q -y faiss-cpu onnxruntime && \
+	  $(PIP) install -q -c constraints.txt --force-reinstall --no-deps faiss-gpu-cu12 onnxruntime-gpu; \
+	else echo "install-gpu: no GPU wheels for this platform; nothing changed"; fi
+	$(PY) -c "import faiss, onnxruntime as o; print('faiss GPUs:', faiss.get_num_gpus() if hasattr(faiss, 'get_num_gpus') else 0, '| onnxruntime:', o.get_available_providers())"
 
 tools: ## pinned Go tools into .tools/bin (grpcurl, protoc-gen-go, protoc-gen-go-grpc)
 	bash scripts/install_tools.sh
