@@ -49,9 +49,10 @@ from server.servicers.index import IndexServicer
 from server.servicers.memory import MemoryServicer
 from server.servicers.search import SearchServicer
 from server.settings import Settings
-from server.shadow.config import PairConfig, load_pairs
+from server.shadow.config import PairConfig, discover_koder_toml, load_pairs
 from server.shadow.evidence import EvidenceStore
 from server.shadow.manager import ShadowManager
+from server.shadow.releases import ReleaseHistory, history_beside
 
 log = logging.getLogger("ragplane")
 
@@ -101,7 +102,8 @@ def build_runtime(
             )
         except (ValueError, OSError) as exc:
             raise InvalidArgument(f"cannot load embedder {settings.embedder!r}: {exc}") from exc
-    pairs = load_pairs(settings.koder_toml) if settings.koder_toml else {}
+    koder_toml = discover_koder_toml(settings.koder_toml)
+    pairs = load_pairs(koder_toml) if koder_toml else {}
     metrics = Metrics()
     embedding = EmbeddingService(
         embedder,
@@ -150,6 +152,7 @@ def build_runtime(
         shadow_embedders or {},
         data_dir,
         busy=lambda: embedding.queued_texts > 0,
+        history=history_beside(koder_toml),
     )
     if shadow is not None:
         for case in shadow.cases.values():
@@ -169,40 +172,45 @@ def _build_shadow(
     given: dict[str, Embedder],
     data_dir: Path,
     busy: Callable[[], bool] = lambda: False,
+    history: ReleaseHistory | None = None,
 ) -> ShadowManager | None:
+    """One manager for every declared pair. A pair whose shadow cannot run is logged at
+    WARNING here, once, and kept as `unavailable` so ShadowStatus says why."""
     shadows: dict[str, Embedder] = {}
+    unavailable: dict[str, str] = {}
     for case, cfg in pairs.items():
         if cfg.canonical not in (canonical.name, getattr(canonical, "family", canonical.name)):
-            log.warning(
-                "koder.toml: %s declares canonical %r but this server embeds with %r; "
-                "its shadow is off",
-                case,
-                cfg.canonical,
-                canonical.name,
+            unavailable[case] = (
+                f"koder.toml declares canonical {cfg.canonical!r} but this server embeds "
+                f"with {canonical.name!r}"
             )
-            continue
-        if case in given:
+        elif case in given:
             shadows[case] = given[case]
             continue
-        try:
-            shadows[case] = load_embedder(
-                cfg.shadow,
-                model_dir=settings.model_dir,
-                device=settings.device,
-                max_seq_length=settings.max_seq_length,
-            )
-        except (ValueError, OSError) as exc:
-            log.error(
-                "koder.toml: shadow %r of %s cannot load (%s); its shadow is off",
-                cfg.shadow,
-                case,
-                exc,
-            )
-    if not shadows:
+        else:
+            try:
+                shadows[case] = load_embedder(
+                    cfg.shadow,
+                    model_dir=settings.model_dir,
+                    device=settings.device,
+                    max_seq_length=settings.max_seq_length,
+                )
+                continue
+            except (ValueError, OSError) as exc:
+                unavailable[case] = f"shadow {cfg.shadow!r} cannot load: {exc}"
+        log.warning("shadow of %s is off: %s", case, unavailable[case])
+    if not shadows and not unavailable:
         return None
     store = EvidenceStore(data_dir / "shadow.db")
     return ShadowManager(
-        pairs, canonical, shadows, store, queue_size=settings.shadow_queue_size, busy=busy
+        pairs,
+        canonical,
+        shadows,
+        store,
+        queue_size=settings.shadow_queue_size,
+        busy=busy,
+        history=history,
+        unavailable=unavailable,
     )
 
 

@@ -51,6 +51,9 @@ def serve(
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Prometheus port (0 = off).")] = None,
+    koder_toml: Annotated[
+        str | None, typer.Option(help="Shadow pairs: auto | a koder.toml path | '' (none).")
+    ] = None,
     log_json: Annotated[bool | None, typer.Option("--log-json/--no-log-json")] = None,
     set_: SetOpt = None,
 ) -> None:
@@ -70,6 +73,7 @@ def serve(
             embedder=embedder,
             device=device,
             metrics_port=metrics_port,
+            koder_toml=koder_toml,
             log_json=log_json,
         )
         logs.setup(settings.log_level, settings.log_json)

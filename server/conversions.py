@@ -380,4 +380,5 @@ def shadow_case_to_pb(c: CaseStatus) -> admin_pb2.ShadowCase:
             )
             for h in c.history
         ],
+        reason=c.reason,
     )

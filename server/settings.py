@@ -92,8 +92,11 @@ class Settings:
         default=50_000,
     )
     koder_toml: str = _doc(
-        "The [self_hosted] declarations of shadow pairs; empty = none (shadow off).",
-        default="koder.toml",
+        "The [self_hosted] declarations of shadow pairs, and beside it the release history "
+        "G3 counts. auto = ./koder.toml, else the one of the project the package was "
+        "installed from (the same file from any working directory); a path = that file, "
+        "which must exist; empty = none (shadow off). The file used is logged at start.",
+        default="auto",
     )
     shadow_queue_size: int = _doc(
         "Sampled shadow batches waiting for the shadow worker; a full queue drops and counts.",

@@ -175,7 +175,7 @@ class FlipEvent(_message.Message):
     def __init__(self, at: _Optional[float] = ..., action: _Optional[str] = ..., serving: _Optional[str] = ..., forced: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ShadowCase(_message.Message):
-    __slots__ = ("use_case", "status", "policy", "sample_rate", "canonical", "shadow", "serving", "gates", "flip_eligible", "releases", "history")
+    __slots__ = ("use_case", "status", "policy", "sample_rate", "canonical", "shadow", "serving", "gates", "flip_eligible", "releases", "history", "reason")
     USE_CASE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +187,7 @@ class ShadowCase(_message.Message):
     FLIP_ELIGIBLE_FIELD_NUMBER: _ClassVar[int]
     RELEASES_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     use_case: str
     status: str
     policy: str
@@ -198,7 +199,8 @@ class ShadowCase(_message.Message):
     flip_eligible: bool
     releases: _containers.RepeatedCompositeFieldContainer[ReleaseEvidence]
     history: _containers.RepeatedCompositeFieldContainer[FlipEvent]
-    def __init__(self, use_case: _Optional[str] = ..., status: _Optional[str] = ..., policy: _Optional[str] = ..., sample_rate: _Optional[float] = ..., canonical: _Optional[str] = ..., shadow: _Optional[str] = ..., serving: _Optional[str] = ..., gates: _Optional[_Iterable[_Union[GateResult, _Mapping]]] = ..., flip_eligible: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseEvidence, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[FlipEvent, _Mapping]]] = ...) -> None: ...
+    reason: str
+    def __init__(self, use_case: _Optional[str] = ..., status: _Optional[str] = ..., policy: _Optional[str] = ..., sample_rate: _Optional[float] = ..., canonical: _Optional[str] = ..., shadow: _Optional[str] = ..., serving: _Optional[str] = ..., gates: _Optional[_Iterable[_Union[GateResult, _Mapping]]] = ..., flip_eligible: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseEvidence, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[FlipEvent, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ShadowStatusResponse(_message.Message):
     __slots__ = ("cases",)

@@ -13,13 +13,18 @@ min_cosine = 0.9999
 
 from __future__ import annotations
 
+import json
+import logging
 import tomllib
 from dataclasses import dataclass, field, fields
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from server.errors import InvalidArgument
 
+log = logging.getLogger(__name__)
+AUTO = "auto"
 STATUSES = ("experimental", "shadow-active", "flipped")
 POLICIES = ("manual", "auto")
 
@@ -86,3 +91,62 @@ def parse_pair(case: str, spec: dict[str, Any], where: str = "") -> PairConfig:
     if not 0.0 <= cfg.sample_rate <= 1.0 or not 0.0 <= cfg.timing_rate <= 1.0:
         raise InvalidArgument(f"{where}: sample_rate and timing_rate must be in [0, 1]")
     return cfg
+
+
+def _installed_from() -> Path | None:
+    """The project folder the ragplane distribution was installed from: the local path pip
+    recorded in direct_url.json (PEP 610; `pip install .` and `pip install -e .` both write
+    it), else the folder above this package when it runs from a source tree."""
+    try:
+        raw = metadata.distribution("ragplane").read_text("direct_url.json")
+        url = json.loads(raw or "{}").get("url", "")
+        if url.startswith("file://"):
+            return Path(url.removeprefix("file://"))
+    except (metadata.PackageNotFoundError, json.JSONDecodeError):
+        pass
+    here = Path(__file__).resolve().parents[2]
+    return here if (here / "pyproject.toml").exists() else None
+
+
+def koder_toml_candidates() -> list[Path]:
+    """Where `koder_toml = "auto"` looks, in order."""
+    out = [Path.cwd() / "koder.toml"]
+    root = _installed_from()
+    if root is not None and root / "koder.toml" not in out:
+        out.append(root / "koder.toml")
+    return out
+
+
+def discover_koder_toml(setting: str) -> Path | None:
+    """The koder.toml a server reads, from the `koder_toml` setting:
+
+    * "" -- none: no shadow pairs;
+    * "auto" -- ./koder.toml, else the koder.toml of the project the package was installed
+      from (so a server started from any folder of a source checkout, or installed with
+      `pip install <checkout>`, finds the checkout's pairs); a WARNING when neither exists;
+    * anything else -- that file, which must exist (InvalidArgument otherwise).
+
+    The file used is logged at INFO: which pairs a server runs must never be a guess."""
+    if not setting:
+        log.info("koder_toml is empty: no shadow pairs")
+        return None
+    if setting != AUTO:
+        path = Path(setting).expanduser()
+        if not path.is_file():
+            raise InvalidArgument(
+                f"koder_toml {setting!r} does not exist; point --koder-toml / "
+                "RAGPLANE_KODER_TOML at the file, or set it to auto or to an empty string"
+            )
+        log.info("shadow pairs from %s (koder_toml setting)", path.resolve())
+        return path
+    candidates = koder_toml_candidates()
+    for path in candidates:
+        if path.is_file():
+            log.info("shadow pairs from %s (koder_toml = auto)", path)
+            return path
+    log.warning(
+        "no koder.toml found (looked at %s): no shadow pairs run; set koder_toml "
+        "(--koder-toml or RAGPLANE_KODER_TOML) to the file, or to an empty string to mean none",
+        ", ".join(map(str, candidates)),
+    )
+    return None

@@ -18,6 +18,7 @@ import math
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from index.store import connect
@@ -169,15 +170,7 @@ class EvidenceStore:
             ratio = math.exp(m)
             upper = math.exp(m + Z_95 * math.sqrt(var / timed)) if timed > 1 else math.inf
             aa = math.exp(aa_sum / timed)
-        g1 = (
-            n >= g.min_samples
-            and cmin >= g.min_cosine
-            and mean >= g.mean_cosine
-            and probes >= g.min_probes
-            and overlap >= g.min_overlap
-        )
-        g2 = timed >= g.min_timed_batches and upper <= g.max_time_ratio
-        return ReleaseEvidence(
+        ev = ReleaseEvidence(
             shadow=release,
             samples=n,
             cosine_min=cmin if n else 0.0,
@@ -191,9 +184,8 @@ class EvidenceStore:
             timed_batches=timed,
             errors=errors,
             dropped=dropped,
-            passed_g1=g1,
-            passed_g2=g2,
         )
+        return replace(ev, passed_g1=passes_g1(ev, g), passed_g2=passes_g2(ev, g))
 
     def serving(self, case: str) -> str | None:
         row = self._db.execute(
@@ -226,11 +218,39 @@ class EvidenceStore:
         ]
 
 
+def passes_g1(ev: ReleaseEvidence, g: Gates) -> bool:
+    """G1 agreement: enough compared vectors and probes, every cosine criterion met."""
+    return (
+        ev.samples >= g.min_samples
+        and ev.cosine_min >= g.min_cosine
+        and ev.cosine_mean >= g.mean_cosine
+        and ev.probes >= g.min_probes
+        and ev.overlap_at_10 >= g.min_overlap
+    )
+
+
+def passes_g2(ev: ReleaseEvidence, g: Gates) -> bool:
+    """G2 performance: enough A/B/A-timed batches, the ratio's upper 95% bound in bounds."""
+    return ev.timed_batches >= g.min_timed_batches and ev.time_ratio_upper <= g.max_time_ratio
+
+
+def stable(ev: ReleaseEvidence, g: Gates) -> bool:
+    """What G3 counts: a release that passed G1 and G2 without a single shadow error."""
+    return passes_g1(ev, g) and passes_g2(ev, g) and ev.errors == 0
+
+
 def evaluate_gates(
-    releases: Sequence[ReleaseEvidence], current: str, g: Gates
+    releases: Sequence[ReleaseEvidence],
+    current: str,
+    g: Gates,
+    recorded: Sequence[ReleaseEvidence] = (),
 ) -> tuple[tuple[GateResult, ...], bool]:
-    """G1 and G2 on the current shadow release, G3 over every release. Returns the gates and
-    whether the case is flip-eligible (all three pass)."""
+    """G1 and G2 on the current shadow release's live evidence; G3 over the releases
+    `recorded` in the committed release history (server.shadow.releases), judged again
+    against today's gates, plus the current release when its live evidence passes now.
+    Releases only this data directory has seen do not count: a history that a fresh data
+    directory forgets is no evidence of stability. Returns the gates and whether the case
+    is flip-eligible (all three pass)."""
     cur = next((r for r in releases if r.shadow == current), ReleaseEvidence(shadow=current))
     miss1 = []
     if cur.samples < g.min_samples:
@@ -265,14 +285,20 @@ def evaluate_gates(
         f"A/A={cur.aa_time_ratio:.3f} over {cur.timed_batches} batches",
         "; ".join(miss2),
     )
-    stable = [r.shadow for r in releases if r.passed_g1 and r.passed_g2 and r.errors == 0]
-    g3_ok = len(stable) >= g.min_releases
+    counted = {r.shadow: "recorded" for r in recorded if stable(r, g)}
+    if stable(cur, g):
+        counted.setdefault(cur.shadow, "live")
+    g3_ok = len(counted) >= g.min_releases
     g3 = GateResult(
         "G3 stability",
         g3_ok,
-        f"{len(stable)} of {g.min_releases} releases passed G1+G2 with no errors"
-        + (f" ({', '.join(stable)})" if stable else ""),
-        "" if g3_ok else f"{g.min_releases - len(stable)} more passing release(s)",
+        f"{len(counted)} of {g.min_releases} releases passed G1+G2 with no errors"
+        + (f" ({', '.join(f'{k} {v}' for k, v in counted.items())})" if counted else "")
+        + f"; {len(recorded)} recorded in the release history",
+        ""
+        if g3_ok
+        else f"{g.min_releases - len(counted)} more passing release(s) recorded "
+        "(`ragplane shadow record-release`)",
     )
     gates = (g1, g2, g3)
     return gates, all(x.passed for x in gates)

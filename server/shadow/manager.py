@@ -24,6 +24,7 @@ from server.errors import FailedPrecondition, InvalidArgument
 from server.shadow.config import PairConfig
 from server.shadow.evidence import EvidenceStore, evaluate_gates
 from server.shadow.experiment import Experiment, Observation, Result
+from server.shadow.releases import ReleaseHistory
 from server.shadow.types import CaseStatus
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,16 @@ class ShadowManager:
         seed: int | None = None,
         on_flip=None,  # callable(case, serving identity), e.g. to register an embedder
         busy=lambda: False,  # True while requests wait: the shadow then takes no samples
+        history: ReleaseHistory | None = None,  # recorded releases, for G3
+        unavailable: dict[str, str] | None = None,  # declared case -> why its shadow is off
     ) -> None:
         self.store = store
+        self.history = history or ReleaseHistory(None)
+        self._canonical = canonical
+        # declared pairs whose shadow cannot run: status says why, instead of nothing
+        self.unavailable = {
+            name: (pairs[name], why) for name, why in (unavailable or {}).items() if name in pairs
+        }
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._on_flip = on_flip
@@ -200,6 +209,10 @@ class ShadowManager:
 
     def _case(self, use_case: str) -> _Case:
         case = self.cases.get(use_case)
+        if case is None and use_case in self.unavailable:
+            raise FailedPrecondition(
+                f"the shadow of {use_case} does not run: {self.unavailable[use_case][1]}"
+            )
         if case is None:
             raise InvalidArgument(
                 f"no shadow pair for use case {use_case!r}; declared: "
@@ -210,7 +223,8 @@ class ShadowManager:
     def _status(self, case: _Case) -> CaseStatus:
         g = case.cfg.gates
         releases = self.store.releases(case.cfg.use_case, g)
-        gates, eligible = evaluate_gates(releases, case.shadow.identity, g)
+        recorded = [r.evidence for r in self.history.records(case.cfg.use_case)]
+        gates, eligible = evaluate_gates(releases, case.shadow.identity, g, recorded)
         flipped = case.serving == case.shadow.identity
         return CaseStatus(
             use_case=case.cfg.use_case,
@@ -228,9 +242,29 @@ class ShadowManager:
             history=tuple(self.store.history(case.cfg.use_case)),
         )
 
+    def _unavailable_status(self, name: str) -> CaseStatus:
+        cfg, why = self.unavailable[name]
+        return CaseStatus(
+            use_case=name,
+            status="unavailable",
+            policy=cfg.policy,
+            sample_rate=cfg.sample_rate,
+            canonical=self._canonical.identity,
+            shadow=cfg.shadow,
+            serving=self._canonical.identity,
+            reason=why,
+        )
+
     def status(self, use_case: str | None = None) -> list[CaseStatus]:
-        names = [use_case] if use_case else sorted(self.cases)
-        return [self._status(self._case(n)) for n in names]
+        if use_case in self.unavailable:
+            return [self._unavailable_status(use_case)]
+        if use_case:
+            return [self._status(self._case(use_case))]
+        names = sorted([*self.cases, *self.unavailable])
+        return [
+            self._status(self.cases[n]) if n in self.cases else self._unavailable_status(n)
+            for n in names
+        ]
 
     def _set_serving(
         self, case: _Case, serving: str, action: str, forced: bool, reason: str

@@ -46,7 +46,7 @@ class FlipEvent:
 @dataclass(frozen=True)
 class CaseStatus:
     use_case: str
-    status: str  # experimental | shadow-active | flipped
+    status: str  # experimental | shadow-active | flipped | unavailable (see reason)
     policy: str  # manual | auto
     sample_rate: float
     canonical: str  # name@version of the declared canonical embedder
@@ -56,3 +56,4 @@ class CaseStatus:
     flip_eligible: bool = False
     releases: tuple[ReleaseEvidence, ...] = ()
     history: tuple[FlipEvent, ...] = field(default_factory=tuple)
+    reason: str = ""  # why the declared shadow does not run (status unavailable)

@@ -469,7 +469,7 @@ func (*StatusRequest) Descriptor() ([]byte, []int) {
 type ShadowCaseSummary struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	UseCase       string                 `protobuf:"bytes,1,opt,name=use_case,json=useCase,proto3" json:"use_case,omitempty"`
-	Status        string                 `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`   // experimental | shadow-active | flipped
+	Status        string                 `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`   // experimental | shadow-active | flipped | unavailable
 	Serving       string                 `protobuf:"bytes,3,opt,name=serving,proto3" json:"serving,omitempty"` // name@version answering now
 	Shadow        string                 `protobuf:"bytes,4,opt,name=shadow,proto3" json:"shadow,omitempty"`   // name@version running beside it
 	FlipEligible  bool                   `protobuf:"varint,5,opt,name=flip_eligible,json=flipEligible,proto3" json:"flip_eligible,omitempty"`
@@ -983,6 +983,7 @@ type ShadowCase struct {
 	FlipEligible  bool                   `protobuf:"varint,9,opt,name=flip_eligible,json=flipEligible,proto3" json:"flip_eligible,omitempty"`
 	Releases      []*ReleaseEvidence     `protobuf:"bytes,10,rep,name=releases,proto3" json:"releases,omitempty"`
 	History       []*FlipEvent           `protobuf:"bytes,11,rep,name=history,proto3" json:"history,omitempty"`
+	Reason        string                 `protobuf:"bytes,12,opt,name=reason,proto3" json:"reason,omitempty"` // why the declared shadow does not run (status "unavailable")
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1092,6 +1093,13 @@ func (x *ShadowCase) GetHistory() []*FlipEvent {
 		return x.History
 	}
 	return nil
+}
+
+func (x *ShadowCase) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 type ShadowStatusResponse struct {
@@ -1732,7 +1740,7 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12\x18\n" +
 	"\aserving\x18\x03 \x01(\tR\aserving\x12\x16\n" +
 	"\x06forced\x18\x04 \x01(\bR\x06forced\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"\x88\x03\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xa0\x03\n" +
 	"\n" +
 	"ShadowCase\x12\x19\n" +
 	"\buse_case\x18\x01 \x01(\tR\auseCase\x12\x16\n" +
@@ -1747,7 +1755,8 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\rflip_eligible\x18\t \x01(\bR\fflipEligible\x128\n" +
 	"\breleases\x18\n" +
 	" \x03(\v2\x1c.ragplane.v1.ReleaseEvidenceR\breleases\x120\n" +
-	"\ahistory\x18\v \x03(\v2\x16.ragplane.v1.FlipEventR\ahistory\"E\n" +
+	"\ahistory\x18\v \x03(\v2\x16.ragplane.v1.FlipEventR\ahistory\x12\x16\n" +
+	"\x06reason\x18\f \x01(\tR\x06reason\"E\n" +
 	"\x14ShadowStatusResponse\x12-\n" +
 	"\x05cases\x18\x01 \x03(\v2\x17.ragplane.v1.ShadowCaseR\x05cases\">\n" +
 	"\vFlipRequest\x12\x19\n" +

@@ -1,4 +1,5 @@
-"""Gate logic on synthetic evidence, G3 counting releases (versions simulated)."""
+"""Gate logic on synthetic evidence; G3 over recorded releases (tests/unit/shadow/
+test_releases.py covers the history file itself)."""
 
 from __future__ import annotations
 
@@ -80,21 +81,39 @@ def test_g2_needs_enough_batches(store):
     assert not g2.passed and "9 more timed batches" in g2.missing
 
 
-def test_g3_counts_distinct_passing_releases_without_errors(store):
+def test_g3_counts_recorded_passing_releases_without_errors_plus_the_live_one(store):
     passing(store, "rs@0.1.0")
     passing(store, "rs@0.1.1", errors=1)  # errors: does not count
     passing(store, "rs@0.1.2", ratio=1.3)  # too slow: does not count
     passing(store, "rs@0.1.3")
-    gates, ok = evaluate_gates(store.releases("embeddings", G), "rs@0.1.3", G)
+    recorded = store.releases("embeddings", G)[:3]  # 0.1.0-0.1.2 were recorded
+    live = store.releases("embeddings", G)
+    gates, ok = evaluate_gates(live, "rs@0.1.3", G, recorded)
     assert gates[0].passed and gates[1].passed and not gates[2].passed and not ok
     assert "2 of 3" in gates[2].value and "1 more" in gates[2].missing
+    assert "rs@0.1.0 recorded, rs@0.1.3 live" in gates[2].value
+    # releases this data directory saw but nobody recorded do not count
+    gates, _ = evaluate_gates(live, "rs@0.1.3", G)
+    assert "1 of 3" in gates[2].value
     passing(store, "rs@0.2.0")
-    gates, ok = evaluate_gates(store.releases("embeddings", G), "rs@0.2.0", G)
+    recorded = [r for r in store.releases("embeddings", G) if r.shadow != "rs@0.2.0"]
+    gates, ok = evaluate_gates(store.releases("embeddings", G), "rs@0.2.0", G, recorded)
     assert gates[2].passed and ok
-    assert "rs@0.1.0, rs@0.1.3, rs@0.2.0" in gates[2].value
-    # the current release must itself pass G1 and G2
-    gates, ok = evaluate_gates(store.releases("embeddings", G), "rs@0.1.2", G)
+    assert "rs@0.1.0 recorded, rs@0.1.3 recorded, rs@0.2.0 live" in gates[2].value
+    # a release recorded and live at once counts once
+    gates, _ = evaluate_gates(live, "rs@0.1.3", G, recorded)
+    assert "2 of 3" in gates[2].value
+    # the current release must itself pass G1 and G2, however many were recorded
+    gates, ok = evaluate_gates(store.releases("embeddings", G), "rs@0.1.2", G, recorded)
     assert not ok and not gates[1].passed
+
+
+def test_recorded_releases_are_judged_against_todays_gates(store):
+    passing(store, "rs@0.1.0")
+    recorded = store.releases("embeddings", G)
+    strict = Gates(min_samples=1000, min_probes=20, min_timed_batches=10, min_releases=1)
+    gates, _ = evaluate_gates([], "rs@9", strict, recorded)
+    assert not gates[2].passed and "0 of 1" in gates[2].value  # 150 samples < 1000 now
 
 
 def test_evidence_persists(tmp_path):
