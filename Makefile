@@ -63,5 +63,11 @@ bench: install ## side-by-side benchmarks; writes BENCHMARKS.md
 loadtest: install ## a 30 s mixed Locust run against a server it starts
 	$(PY) -m loadtest --scenario mixed --users 16 --spawn-rate 8 --run-time 30s --start-server
 
+flip-demo: install ## the embeddings case flipping on its own evidence, or the gate that holds it (exit 3)
+	$(PY) -m bench.flip
+
+service-g2: install ## G2 in the service: Locust mixed, shadow at sample rate 1.0, ~2 minutes
+	$(PY) -m bench.service_g2
+
 clean: ## remove the venv and build outputs
 	rm -rf $(VENV) .tools embedder_rs/target clients/rust/target ragplane-data

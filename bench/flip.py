@@ -1,0 +1,259 @@
+"""`python -m bench.flip` (`make flip-demo`): the embeddings case flipping on its own
+evidence, end to end, with the real model.
+
+It starts `ragplane serve` with a fresh data directory, the canonical embedder of the
+device (ONNX Runtime on a CPU) and embedder_rs as the shadow at sample rate 1.0 under
+`policy = "auto"`, builds a collection with the canonical, then sends real text until the
+server flips by itself. Once flipped it shows `ragplane shadow status`, that new vectors
+come from embedder_rs, that searching the collection the canonical built still works (G1
+makes the pair compatible) and that `ragplane shadow unflip` goes back.
+
+The pair, its gate thresholds and G3's release history are the repository's (koder.toml,
+self-hosted-releases.json); only the evidence minimums are lowered so the demo fits a few
+minutes on 2 cores, and the output says so. When a gate holds the flip back, the command
+names it with its numbers and exits with EXIT_HELD.
+
+Exit status: 0 flipped and every check held; 3 (EXIT_HELD) a gate holds the flip back;
+4 no decision within --timeout; 1 a check failed; 2 embedder_rs is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+from bench.common import ROOT, Server, start_server
+from ragplane.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    embed_pb2,
+    embed_pb2_grpc,
+    index_pb2,
+    index_pb2_grpc,
+    search_pb2,
+    search_pb2_grpc,
+)
+from server.shadow.releases import FILE_NAME
+from tests.texts import corpus
+
+# the model is loaded offline by the processes this starts
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+EXIT_OK, EXIT_FAILED, EXIT_NO_RUST, EXIT_HELD, EXIT_TIMEOUT = 0, 1, 2, 3, 4
+CASE = "embeddings"
+# Evidence minimums for the demo (the repository's: 1000 vectors, 20 probes, 30 batches).
+# The thresholds themselves -- cosine, overlap, time ratio, releases -- stay as declared.
+DEMO_MINIMUMS = {"min_samples": 300, "min_probes": 20, "min_timed_batches": 30}
+
+
+def write_koder(
+    folder: Path, *, policy: str, minimums: dict[str, int], timing_rate: float = 1.0
+) -> Path:
+    """A copy of the repository's embeddings pair at sample rate 1.0 with `policy` and
+    `minimums`, and beside it a copy of the committed release history (read, never
+    written, by the server)."""
+    declared = tomllib.loads((ROOT / "koder.toml").read_text())["self_hosted"][CASE]
+    gates = {**declared.get("gates", {}), **minimums}
+    lines = [
+        f"[self_hosted.{CASE}]",
+        f'canonical = "{declared["canonical"]}"',
+        f'shadow = "{declared["shadow"]}"',
+        'status = "shadow-active"',
+        "sample_rate = 1.0",
+        f'policy = "{policy}"',
+        f"timing_rate = {timing_rate}",
+        "",
+        f"[self_hosted.{CASE}.gates]",
+        *(f"{k} = {v!r}" for k, v in gates.items()),
+    ]
+    folder.mkdir(parents=True, exist_ok=True)
+    koder = folder / "koder.toml"
+    koder.write_text("\n".join(lines) + "\n")
+    if (ROOT / FILE_NAME).exists():
+        shutil.copy(ROOT / FILE_NAME, folder / FILE_NAME)
+    return koder
+
+
+def start(koder: Path, data_dir: Path) -> Server:
+    return start_server(
+        "embedder=auto", "device=cpu", f"koder_toml={koder}", data_dir=data_dir, timeout=600
+    )
+
+
+def shadow_case(channel) -> admin_pb2.ShadowCase:
+    stub = admin_pb2_grpc.AdminServiceStub(channel)
+    (case,) = stub.ShadowStatus(admin_pb2.ShadowStatusRequest(use_case=CASE), timeout=30).cases
+    return case
+
+
+def live_release(case: admin_pb2.ShadowCase) -> admin_pb2.ReleaseEvidence:
+    return next(
+        (r for r in case.releases if r.shadow == case.shadow),
+        admin_pb2.ReleaseEvidence(shadow=case.shadow),
+    )
+
+
+def gate_lines(case: admin_pb2.ShadowCase) -> list[str]:
+    return [
+        f"  {g.name}: {'pass' if g.passed else 'FAIL'} -- {g.value}"
+        + (f" -- still missing: {g.missing}" if g.missing else "")
+        for g in case.gates
+    ]
+
+
+def cli(port: int, *args: str) -> str:
+    """`ragplane shadow ...` against the demo server, as a person would type it."""
+    out = subprocess.run(
+        [sys.executable, "-m", "server.cli", "shadow", "--addr", f"127.0.0.1:{port}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "160"},
+    )
+    if out.returncode:
+        raise RuntimeError(f"ragplane shadow {' '.join(args)} failed:\n{out.stdout}{out.stderr}")
+    return out.stdout
+
+
+def _enough_evidence(rel: admin_pb2.ReleaseEvidence, g: dict) -> bool:
+    return (
+        rel.samples >= g["min_samples"]
+        and rel.probes >= g["min_probes"]
+        and rel.timed_batches >= g["min_timed_batches"]
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.flip", description=__doc__.split("\n")[0])
+    p.add_argument("--timeout", type=float, default=480.0, help="seconds of traffic at most")
+    p.add_argument("--batch", type=int, default=8, help="texts per Embed call")
+    p.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    args = p.parse_args()
+    try:
+        import embedder_rs
+
+        version = embedder_rs.__version__
+    except (ImportError, AttributeError) as exc:
+        print(f"embedder_rs is not installed ({exc}); `make install` builds it")
+        return EXIT_NO_RUST
+
+    work = Path(tempfile.mkdtemp(prefix="ragplane-flip-"))
+    koder = write_koder(work, policy="auto", minimums=DEMO_MINIMUMS)
+    gates = tomllib.loads(koder.read_text())["self_hosted"][CASE]["gates"]
+    print(f"flip demo: embedder_rs {version} shadowing the canonical, policy auto, sample 1.0")
+    print(
+        "  DEMO SETTING: evidence minimums lowered to "
+        + ", ".join(f"{k} = {v}" for k, v in DEMO_MINIMUMS.items())
+        + " (koder.toml asks for more); every threshold is the repository's:"
+    )
+    print("  " + ", ".join(f"{k} = {v}" for k, v in gates.items() if k not in DEMO_MINIMUMS))
+    print(f"  G3 reads the committed release history ({FILE_NAME}) plus the live release")
+    t0 = time.monotonic()
+    srv = start(koder, work / "data")
+    try:
+        code = _demo(srv, gates, args)
+    finally:
+        srv.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"({time.monotonic() - t0:.0f} s; exit {code})")
+    return code
+
+
+def _demo(srv: Server, gates: dict, args: argparse.Namespace) -> int:
+    ch = srv.channel()
+    embed = embed_pb2_grpc.EmbedServiceStub(ch)
+    index = index_pb2_grpc.IndexServiceStub(ch)
+    search = search_pb2_grpc.SearchServiceStub(ch)
+    texts = corpus(4000)
+    docs = texts[:200]
+
+    index.CreateCollection(index_pb2.CreateCollectionRequest(name="docs"), timeout=60)
+    for i in range(0, len(docs), 50):
+        index.Upsert(
+            index_pb2.UpsertRequest(
+                collection="docs",
+                items=[
+                    common_pb2.Item(id=str(j), text=t)
+                    for j, t in enumerate(docs[i : i + 50], start=i)
+                ],
+            ),
+            timeout=300,
+        )
+    info = index.DescribeCollection(index_pb2.DescribeCollectionRequest(name="docs"))
+    print(f"1. collection docs: {info.count} passages embedded by {info.embedder} (canonical)")
+
+    print("2. traffic: Embed calls of real text until the server decides")
+    deadline = time.monotonic() + args.timeout
+    i, last = 200, 0.0
+    case = shadow_case(ch)
+    while case.serving != case.shadow:
+        if time.monotonic() > deadline:
+            print(f"no decision within {args.timeout:.0f} s:")
+            print("\n".join(gate_lines(case)))
+            return EXIT_TIMEOUT
+        batch = texts[i : i + args.batch] or texts[: args.batch]
+        i = i + args.batch if i + args.batch < len(texts) else 200
+        embed.Embed(embed_pb2.EmbedRequest(texts=batch), timeout=60)
+        time.sleep(0.02)  # leave the shadow worker the spare capacity it samples in
+        if time.monotonic() - last < 3:
+            continue
+        last = time.monotonic()
+        case = shadow_case(ch)
+        rel = live_release(case)
+        print(
+            f"   {rel.samples} vectors compared (min cos {rel.cosine_min:.7f}), "
+            f"{rel.probes} probes (overlap@10 {rel.overlap_at_10:.3f}), "
+            f"{rel.timed_batches} timed batches (ratio {rel.time_ratio:.3f}, "
+            f"upper95 {rel.time_ratio_upper:.3f})"
+        )
+        if case.serving != case.shadow and _enough_evidence(rel, gates):
+            time.sleep(1.0)  # the last published sample may be flipping right now
+            case = shadow_case(ch)
+            if case.serving == case.shadow:
+                break
+            held = [g for g in case.gates if not g.passed]
+            print(
+                f"HELD BACK: the evidence minimums are met and {len(held)} gate(s) do not "
+                f"hold, so {case.use_case} stays on {case.serving}:"
+            )
+            print("\n".join(gate_lines(case)))
+            names = ", ".join(g.name.split()[0] for g in held)
+            print(f"flip held back by {names}")
+            return EXIT_HELD
+    flip = case.history[-1]
+    print(f"3. flipped by itself: {flip.action} -> {flip.serving} ({flip.reason})")
+    print(cli(srv.port, "status", CASE))
+
+    r = embed.Embed(embed_pb2.EmbedRequest(texts=["vectors after the flip"]), timeout=60)
+    ok = r.embedder == case.shadow
+    print(f"4. new vectors come from {r.embedder}: {'ok' if ok else 'WRONG'}")
+    hits = 0
+    for j in (3, 57, 111, 190):
+        res = search.Search(
+            search_pb2.SearchRequest(collection="docs", text=docs[j], top_k=1), timeout=60
+        )
+        hits += res.hits[0].id == str(j)
+    print(
+        f"5. search over docs ({info.embedder} vectors) with {res.embedder} queries: "
+        f"{hits} of 4 passages find themselves first"
+    )
+    ok = ok and hits == 4
+    print(cli(srv.port, "unflip", CASE).splitlines()[0])
+    r = embed.Embed(embed_pb2.EmbedRequest(texts=["vectors after the unflip"]), timeout=60)
+    back = r.embedder == case.canonical
+    print(f"6. after `ragplane shadow unflip {CASE}`: {r.embedder} answers again")
+    return EXIT_OK if ok and back else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,143 @@
+"""`python -m bench.service_g2`: G2 measured in the service, under the Locust mixed scenario.
+
+Starts `ragplane serve` with the real model (the device's canonical, ONNX Runtime on a
+CPU) and the repository's embeddings pair with embedder_rs at sample_rate = 1.0 and every
+sampled batch timed A/B/A (timing_rate = 1.0), `policy = "manual"` so nothing flips; runs
+`python -m loadtest --scenario mixed` against it; waits for the shadow queue to drain and
+reads ShadowStatus: the time ratio, its upper 95% bound and the number of timed batches
+(G2 needs >= 30), the A/A noise floor and G1's numbers. The gates are the repository's
+(koder.toml), minimums included.
+
+Exit status: 0 when G1 and G2 both hold, 3 when either does not, 4 when fewer timed
+batches than G2 asks for were taken, 1 when the load test failed, 2 without embedder_rs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import ROOT
+from bench.flip import (
+    EXIT_HELD,
+    EXIT_NO_RUST,
+    gate_lines,
+    live_release,
+    shadow_case,
+    start,
+    write_koder,
+)
+
+# the model is loaded offline by the processes this starts
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+EXIT_FEW = 4
+
+
+def run_load(port: int, users: int, seconds: int, seed_items: int, out: Path) -> int:
+    cmd = [
+        sys.executable,
+        "-m",
+        "loadtest",
+        "--scenario",
+        "mixed",
+        "--host",
+        f"127.0.0.1:{port}",
+        "--users",
+        str(users),
+        "--spawn-rate",
+        str(users),
+        "--run-time",
+        f"{seconds}s",
+        "--seed-items",
+        str(seed_items),
+        "--json-out",
+        str(out),
+    ]
+    print("$ " + " ".join(cmd[1:]).replace(str(out), "summary.json"), flush=True)
+    return subprocess.run(cmd, cwd=ROOT).returncode
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.service_g2", description=__doc__)
+    p.add_argument("--users", type=int, default=4, help="Locust users (closed loop)")
+    p.add_argument("--run-time", type=int, default=90, help="seconds of load")
+    p.add_argument("--seed-items", type=int, default=200, help="passages seeded for search")
+    p.add_argument("--json-out", default="", help="also write the numbers here")
+    args = p.parse_args()
+    try:
+        import embedder_rs
+
+        version = embedder_rs.__version__
+    except (ImportError, AttributeError) as exc:
+        print(f"embedder_rs is not installed ({exc}); `make install` builds it")
+        return EXIT_NO_RUST
+    work = Path(tempfile.mkdtemp(prefix="ragplane-g2-"))
+    koder = write_koder(work, policy="manual", minimums={}, timing_rate=1.0)
+    srv = start(koder, work / "data")
+    try:
+        rc = run_load(srv.port, args.users, args.run_time, args.seed_items, work / "load.json")
+        # the shadow worker may still hold sampled batches: let it finish them
+        before, case = -1, shadow_case(srv.channel())
+        while live_release(case).samples != before:
+            before = live_release(case).samples
+            time.sleep(2.0)
+            case = shadow_case(srv.channel())
+    finally:
+        srv.stop()
+    load = json.loads((work / "load.json").read_text()) if (work / "load.json").exists() else {}
+    shutil.rmtree(work, ignore_errors=True)
+    rel = live_release(case)
+    g1, g2 = case.gates[0], case.gates[1]
+    result = {
+        "embedder_rs": version,
+        "shadow": case.shadow,
+        "canonical": case.canonical,
+        "users": args.users,
+        "run_time_s": args.run_time,
+        "load_requests": load.get("total", {}).get("requests"),
+        "load_failures": load.get("total", {}).get("failures"),
+        "samples": rel.samples,
+        "cosine_min": rel.cosine_min,
+        "cosine_mean": rel.cosine_mean,
+        "overlap_at_10": rel.overlap_at_10,
+        "probes": rel.probes,
+        "time_ratio": rel.time_ratio,
+        "time_ratio_upper95": rel.time_ratio_upper,
+        "aa_time_ratio": rel.aa_time_ratio,
+        "timed_batches": rel.timed_batches,
+        "errors": rel.errors,
+        "dropped": rel.dropped,
+        "g1": g1.passed,
+        "g2": g2.passed,
+    }
+    print(
+        f"\nin-service G2, Locust mixed, {args.users} users, {args.run_time} s, "
+        f"{case.shadow} vs {case.canonical}, sample_rate 1.0, every sample timed A/B/A:"
+    )
+    print(
+        f"  time ratio {rel.time_ratio:.3f}, upper 95% {rel.time_ratio_upper:.3f} over "
+        f"{rel.timed_batches} timed batches (A/A {rel.aa_time_ratio:.3f}); "
+        f"{rel.samples} vectors compared, {rel.dropped} samples dropped, {rel.errors} errors"
+    )
+    print("\n".join(gate_lines(case)[:2]))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=2))
+    if rc:
+        print(f"the load test failed (exit {rc})")
+        return 1
+    if rel.timed_batches < 30:
+        return EXIT_FEW
+    return 0 if g1.passed and g2.passed else EXIT_HELD
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
