@@ -43,6 +43,12 @@ SECTIONS = {
         "keeping cosine >= 0.99999 to torch.",
     ),
     "memory": ("6. Peak memory with 1,000,000 x 384 vectors", "bench.memory", ""),
+    "service": (
+        "7. G2 in the service (Locust mixed, shadow at sample rate 1.0)",
+        "bench.service_g2",
+        "G2 needs the A/B/A time ratio's upper 95% bound <= 1.05 over >= 30 timed batches, "
+        "with G1 unchanged (min cosine >= 0.9999, mean >= 0.99999, overlap@10 >= 0.99).",
+    ),
 }
 
 

@@ -66,25 +66,15 @@ def run_load(port: int, users: int, seconds: int, seed_items: int, out: Path) ->
     return subprocess.run(cmd, cwd=ROOT).returncode
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.service_g2", description=__doc__)
-    p.add_argument("--users", type=int, default=4, help="Locust users (closed loop)")
-    p.add_argument("--run-time", type=int, default=90, help="seconds of load")
-    p.add_argument("--seed-items", type=int, default=200, help="passages seeded for search")
-    p.add_argument("--json-out", default="", help="also write the numbers here")
-    args = p.parse_args()
-    try:
-        import embedder_rs
+def measure(users: int = 4, run_time: int = 90, seed_items: int = 200) -> dict:
+    """One load run against a fresh server; the live evidence of its shadow release."""
+    import embedder_rs
 
-        version = embedder_rs.__version__
-    except (ImportError, AttributeError) as exc:
-        print(f"embedder_rs is not installed ({exc}); `make install` builds it")
-        return EXIT_NO_RUST
     work = Path(tempfile.mkdtemp(prefix="ragplane-g2-"))
     koder = write_koder(work, policy="manual", minimums={}, timing_rate=1.0)
     srv = start(koder, work / "data")
     try:
-        rc = run_load(srv.port, args.users, args.run_time, args.seed_items, work / "load.json")
+        rc = run_load(srv.port, users, run_time, seed_items, work / "load.json")
         # the shadow worker may still hold sampled batches: let it finish them
         before, case = -1, shadow_case(srv.channel())
         while live_release(case).samples != before:
@@ -97,12 +87,13 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     rel = live_release(case)
     g1, g2 = case.gates[0], case.gates[1]
-    result = {
-        "embedder_rs": version,
+    return {
+        "embedder_rs": embedder_rs.__version__,
         "shadow": case.shadow,
         "canonical": case.canonical,
-        "users": args.users,
-        "run_time_s": args.run_time,
+        "users": users,
+        "run_time_s": run_time,
+        "load_exit": rc,
         "load_requests": load.get("total", {}).get("requests"),
         "load_failures": load.get("total", {}).get("failures"),
         "samples": rel.samples,
@@ -118,25 +109,64 @@ def main() -> int:
         "dropped": rel.dropped,
         "g1": g1.passed,
         "g2": g2.passed,
+        "gates": gate_lines(case)[:2],
     }
-    print(
-        f"\nin-service G2, Locust mixed, {args.users} users, {args.run_time} s, "
-        f"{case.shadow} vs {case.canonical}, sample_rate 1.0, every sample timed A/B/A:"
+
+
+def report(r: dict) -> str:
+    return (
+        f"Locust mixed, {r['users']} users, {r['run_time_s']} s "
+        f"({r['load_requests']} requests, {r['load_failures']} failed), {r['shadow']} vs "
+        f"{r['canonical']}, sample_rate 1.0, every sample timed A/B/A:\n\n"
+        f"| time ratio | upper 95% | timed batches | A/A | vectors compared | min cos | "
+        f"mean cos | overlap@10 (probes) | dropped | errors | G1 | G2 |\n" + "|---" * 12 + "|\n"
+        f"| {r['time_ratio']:.3f} | {r['time_ratio_upper95']:.3f} | {r['timed_batches']} | "
+        f"{r['aa_time_ratio']:.3f} | {r['samples']} | {r['cosine_min']:.7f} | "
+        f"{r['cosine_mean']:.8f} | {r['overlap_at_10']:.3f} ({r['probes']}) | {r['dropped']} | "
+        f"{r['errors']} | {'pass' if r['g1'] else 'fail'} | {'pass' if r['g2'] else 'fail'} |"
+        "\n\nCommand: `python -m bench.service_g2` (`make service-g2`). The flip end to end: "
+        "`python -m bench.flip` (`make flip-demo`), which flips, or names the gate that "
+        "holds it back with its numbers and exits 3."
     )
-    print(
-        f"  time ratio {rel.time_ratio:.3f}, upper 95% {rel.time_ratio_upper:.3f} over "
-        f"{rel.timed_batches} timed batches (A/A {rel.aa_time_ratio:.3f}); "
-        f"{rel.samples} vectors compared, {rel.dropped} samples dropped, {rel.errors} errors"
-    )
-    print("\n".join(gate_lines(case)[:2]))
+
+
+def run() -> tuple[dict, str]:
+    """The `python -m bench --only service` section."""
+    try:
+        import embedder_rs
+
+        embedder_rs.__version__  # noqa: B018
+    except (ImportError, AttributeError) as exc:
+        return {"skipped": str(exc)}, f"Skipped: embedder_rs is not installed ({exc})."
+    r = measure()
+    return r, report(r)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.service_g2", description=__doc__)
+    p.add_argument("--users", type=int, default=4, help="Locust users (closed loop)")
+    p.add_argument("--run-time", type=int, default=90, help="seconds of load")
+    p.add_argument("--seed-items", type=int, default=200, help="passages seeded for search")
+    p.add_argument("--json-out", default="", help="also write the numbers here")
+    args = p.parse_args()
+    try:
+        import embedder_rs
+
+        embedder_rs.__version__  # noqa: B018
+    except (ImportError, AttributeError) as exc:
+        print(f"embedder_rs is not installed ({exc}); `make install` builds it")
+        return EXIT_NO_RUST
+    r = measure(args.users, args.run_time, args.seed_items)
+    print("\n" + report(r))
+    print("\n".join(r["gates"]))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(result, indent=2))
-    if rc:
-        print(f"the load test failed (exit {rc})")
+        Path(args.json_out).write_text(json.dumps(r, indent=2))
+    if r["load_exit"]:
+        print(f"the load test failed (exit {r['load_exit']})")
         return 1
-    if rel.timed_batches < 30:
+    if r["timed_batches"] < 30:
         return EXIT_FEW
-    return 0 if g1.passed and g2.passed else EXIT_HELD
+    return 0 if r["g1"] and r["g2"] else EXIT_HELD
 
 
 if __name__ == "__main__":

@@ -341,7 +341,8 @@ def _print_case(c) -> None:
         gates.add_column(col)
     for g in c.gates:
         gates.add_row(g.name, "[green]pass[/]" if g.passed else "[red]fail[/]", g.value, g.missing)
-    console.print(gates)
+    if c.gates:  # none while the shadow does not run
+        console.print(gates)
     if c.releases:
         rel = Table(title="evidence per shadow release")
         for col in (
