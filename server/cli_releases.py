@@ -12,6 +12,7 @@ import typer
 
 from ragplane.v1 import admin_pb2
 from server.cli_admin import _call, console, err, shadow_app
+from server.conversions import release_evidence_from_pb
 from server.errors import InvalidArgument, RagplaneError
 from server.shadow.config import AUTO, PairConfig, discover_koder_toml, load_pairs
 from server.shadow.evidence import passes_g1, passes_g2
@@ -25,26 +26,6 @@ from server.shadow.releases import (
 from server.shadow.types import ReleaseEvidence
 
 EXIT_REFUSED = 3  # the evidence does not pass G1/G2 and --allow-failing was not given
-
-
-def evidence_from_pb(r: admin_pb2.ReleaseEvidence) -> ReleaseEvidence:
-    return ReleaseEvidence(
-        shadow=r.shadow,
-        samples=r.samples,
-        cosine_min=r.cosine_min,
-        cosine_p1=r.cosine_p1,
-        cosine_mean=r.cosine_mean,
-        overlap_at_10=r.overlap_at_10,
-        probes=r.probes,
-        time_ratio=r.time_ratio,
-        time_ratio_upper=r.time_ratio_upper,
-        aa_time_ratio=r.aa_time_ratio,
-        timed_batches=r.timed_batches,
-        errors=r.errors,
-        dropped=r.dropped,
-        passed_g1=r.passed_g1,
-        passed_g2=r.passed_g2,
-    )
 
 
 def _pairs(koder_toml: str) -> tuple[Path, dict[str, PairConfig]]:
@@ -111,7 +92,7 @@ def record_release(
     if live is None:
         err.print(f"[bold red]error:[/] no live evidence for {case.shadow} yet; send traffic")
         raise typer.Exit(2)
-    rec = record_from(use_case, evidence_from_pb(live), case.canonical, cfg.gates, machine)
+    rec = record_from(use_case, release_evidence_from_pb(live), case.canonical, cfg.gates, machine)
     why = failing_reasons(rec.evidence, cfg)
     if why and not allow_failing:
         err.print(f"[bold red]refused:[/] {rec.shadow} does not pass under {path.name}'s gates:")

@@ -31,7 +31,7 @@ from ragplane.v1 import admin_pb2, common_pb2, index_pb2, memory_pb2, search_pb2
 from server.auth import KeyInfo
 from server.errors import InvalidArgument
 from server.memory import Memory
-from server.shadow.types import CaseStatus
+from server.shadow.types import CaseStatus, ReleaseEvidence
 
 METRIC_TO_PB = {
     Metric.COSINE: index_pb2.METRIC_COSINE,
@@ -354,26 +354,7 @@ def shadow_case_to_pb(c: CaseStatus) -> admin_pb2.ShadowCase:
             for g in c.gates
         ],
         flip_eligible=c.flip_eligible,
-        releases=[
-            admin_pb2.ReleaseEvidence(
-                shadow=r.shadow,
-                samples=r.samples,
-                cosine_min=r.cosine_min,
-                cosine_p1=r.cosine_p1,
-                cosine_mean=r.cosine_mean,
-                overlap_at_10=r.overlap_at_10,
-                probes=r.probes,
-                time_ratio=r.time_ratio,
-                time_ratio_upper=r.time_ratio_upper,
-                aa_time_ratio=r.aa_time_ratio,
-                timed_batches=r.timed_batches,
-                errors=r.errors,
-                dropped=r.dropped,
-                passed_g1=r.passed_g1,
-                passed_g2=r.passed_g2,
-            )
-            for r in c.releases
-        ],
+        releases=[release_evidence_to_pb(r) for r in c.releases],
         history=[
             admin_pb2.FlipEvent(
                 at=h.at, action=h.action, serving=h.serving, forced=h.forced, reason=h.reason
@@ -382,3 +363,15 @@ def shadow_case_to_pb(c: CaseStatus) -> admin_pb2.ShadowCase:
         ],
         reason=c.reason,
     )
+
+
+_EVIDENCE_FIELDS = [f.name for f in dataclasses.fields(ReleaseEvidence)]
+
+
+def release_evidence_to_pb(r: ReleaseEvidence) -> admin_pb2.ReleaseEvidence:
+    return admin_pb2.ReleaseEvidence(**{k: getattr(r, k) for k in _EVIDENCE_FIELDS})
+
+
+def release_evidence_from_pb(pb: admin_pb2.ReleaseEvidence) -> ReleaseEvidence:
+    """What `ragplane shadow record-release` reads back from ShadowStatus."""
+    return ReleaseEvidence(**{k: getattr(pb, k) for k in _EVIDENCE_FIELDS})

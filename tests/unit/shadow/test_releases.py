@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -90,6 +91,13 @@ def test_a_garbled_history_names_the_file(tmp_path, text, msg):
     with pytest.raises(InvalidArgument, match=msg) as e:
         ReleaseHistory(tmp_path / FILE_NAME).records()
     assert FILE_NAME in str(e.value)
+
+
+def test_evidence_round_trips_through_shadow_status():
+    from server.conversions import release_evidence_from_pb, release_evidence_to_pb
+
+    ev = dataclasses.replace(evidence("rs@1", errors=2), dropped=3, passed_g1=True)
+    assert release_evidence_from_pb(release_evidence_to_pb(ev)) == ev
 
 
 def test_history_lives_beside_koder_toml(tmp_path):
