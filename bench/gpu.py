@@ -40,6 +40,10 @@ class Deadline(Exception):
     pass
 
 
+#: called after every phase, so a run killed from outside still leaves what it measured
+_SAVE: Callable[[dict[str, Any]], None] | None = None
+
+
 class Phase:
     """One phase's result: ok / partial / skipped / failed, with its reason and numbers."""
 
@@ -74,6 +78,8 @@ class Phase:
             entry["reason"] = f"{kind.__name__}: {exc}"
             entry["traceback"] = traceback.format_exc()[-3000:]
         print(f"   {entry['status']} in {entry['seconds']} s {entry.get('reason', '')}", flush=True)
+        if _SAVE is not None:
+            _SAVE(self.report)
         return True  # every phase fails on its own
 
 
@@ -102,10 +108,10 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_phases(args: argparse.Namespace) -> dict[str, Any]:
+def run_phases(args: argparse.Namespace, report: dict[str, Any] | None = None) -> dict[str, Any]:
     from bench.bench_embedder_rs import _passages, _short_texts
 
-    report: dict[str, Any] = {}
+    report = {} if report is None else report
     paths: dict[str, Callable[[list[str]], np.ndarray]] = {}
     objs: dict[str, Any] = {}
     model_dir = _model_dir(args.model_dir)
@@ -433,15 +439,21 @@ def main() -> int:
         args.throughput_seconds = min(args.throughput_seconds, 60.0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    global _SAVE
+
+    def save(report: dict[str, Any]) -> str:
+        (out / "gpu_bench.json").write_text(json.dumps(report, indent=2, default=str))
+        md = markdown(report)
+        (out / "gpu_bench.md").write_text(md + "\n")
+        return md
+
+    _SAVE = save
     report: dict[str, Any] = {}
     try:
-        report = run_phases(args)
-    except Exception:
+        run_phases(args, report)
+    except BaseException:  # KeyboardInterrupt too: `timeout -s INT` ends an overlong run
         report["run"] = {"status": "failed", "reason": traceback.format_exc()[-3000:]}
-    (out / "gpu_bench.json").write_text(json.dumps(report, indent=2, default=str))
-    md = markdown(report)
-    (out / "gpu_bench.md").write_text(md + "\n")
-    print("\n" + md, flush=True)
+    print("\n" + save(report), flush=True)
     return 0
 
 
