@@ -33,8 +33,20 @@ G1_MIN_COSINE = 0.9999
 #: Tokens in one forward pass (rows x padded length). 16k keeps an H200 busy in fp16 while
 #: a 256-passage call still splits into four chunks that overlap tokenisation and compute.
 DEFAULT_TOKEN_BUDGET = 16384
-#: Texts tokenised per worker task before sorting by true length and cutting by the budget.
-_TOKENISE_ROWS = 512
+#: Characters per token at the least (BERT wordpieces of English run 4-5): sizes tokenise
+#: tasks from lengths alone, erring towards tasks that fit one chunk.
+_MIN_CHARS_PER_TOKEN = 3
+
+
+def _is_mean_pooling(module: Any) -> bool:
+    # sentence-transformers 6.x says pooling_mode="mean"; earlier ones a flag per mode
+    cfg = module.get_config_dict() if hasattr(module, "get_config_dict") else {}
+    return (
+        getattr(module, "pooling_mode", None) == "mean"
+        or bool(getattr(module, "pooling_mode_mean_tokens", False))
+        or cfg.get("pooling_mode") == "mean"
+        or bool(cfg.get("pooling_mode_mean_tokens", False))
+    )
 
 
 def held_out_texts() -> list[str]:
@@ -90,12 +102,7 @@ class PipelinedEncoder:
             type(m).__name__ == "Normalize" for m in st_model._modules.values()
         )
         pooling = [m for m in st_model._modules.values() if type(m).__name__ == "Pooling"]
-        # sentence-transformers 6.x says pooling_mode="mean"; older ones a flag per mode
-        mean = bool(pooling) and (
-            getattr(pooling[0], "pooling_mode", None) == "mean"
-            or bool(getattr(pooling[0], "pooling_mode_mean_tokens", False))
-        )
-        if not mean:
+        if not (pooling and _is_mean_pooling(pooling[0])):
             raise ValueError("the fast path implements mean pooling only")
         self._tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self._tok.enable_truncation(max_seq_length)
@@ -103,7 +110,8 @@ class PipelinedEncoder:
         self._encode_batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
         self._pin = self.device.type == "cuda"
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="st-tokenise")
-        self._fp32 = st_model[0].auto_model.eval()
+        first = st_model[0]
+        self._fp32 = (getattr(first, "auto_model", None) or first.model).eval()
         self.dim = int(st_model.get_embedding_dimension())
         self.half = False
         self.g1_min_cosine: float | None = None
@@ -186,10 +194,11 @@ class PipelinedEncoder:
         out = np.empty((n, self.dim), dtype=np.float32)
         if n == 0:
             return out
-        # sort by characters (a free proxy for tokens) so each tokenise task holds similar
-        # lengths; the task sorts again by true length
-        order = np.argsort(np.fromiter(map(len, texts), dtype=np.int64, count=n), kind="stable")
-        parts = [order[i : i + _TOKENISE_ROWS] for i in range(0, n, _TOKENISE_ROWS)]
+        # sort by characters (a free proxy for tokens) and cut tasks of about one chunk each,
+        # so the first forward pass starts after one task, not after the whole call
+        chars = np.fromiter(map(len, texts), dtype=np.int64, count=n)
+        order = np.argsort(chars, kind="stable")
+        parts = self._parts(order, chars)
         if len(parts) == 1:
             futures = None
             pending_chunks = self.tokenise(texts, parts[0])
@@ -227,6 +236,16 @@ class PipelinedEncoder:
                 drain(keep=1)  # the previous chunk's copy finishes under this one's forward
             drain(keep=0)
         return out
+
+    def _parts(self, order: np.ndarray, chars: np.ndarray) -> list[np.ndarray]:
+        est = np.minimum(chars[order] // _MIN_CHARS_PER_TOKEN + 2, self.max_seq_length)
+        parts, start = [], 0
+        for end in range(1, len(order) + 1):
+            # ascending order: est[end - 1] is the longest of order[start:end]
+            if end == len(order) or (end - start + 1) * est[end] > self.token_budget:
+                parts.append(order[start:end])
+                start = end
+        return parts
 
     def encode(self, texts: Sequence[str], normalize: bool = True) -> np.ndarray:
         return self._encode(list(texts), self._model, normalize)
