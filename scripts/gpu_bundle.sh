@@ -67,7 +67,9 @@ if [ "$WHEEL" = 1 ]; then
   [ -n "$PY312" ] || { echo "error: no python3.12 on PATH to build the wheel for" >&2; exit 1; }
   rm -f .whl/embedder_rs-*.whl
   mkdir -p .whl
-  (cd embedder_rs && "../$VENV/bin/maturin" build --release -i "$PY312" -o ../.whl)
+  MATURIN="$(cd "$VENV" && pwd)/bin/maturin"
+  (cd embedder_rs && "$MATURIN" build --release -i "$PY312" -o ../.whl)
+  ls -la .whl/embedder_rs-*.whl
 fi
 
 echo "== sizes"
