@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 
 from server.embedding.fake import FakeEmbedder
@@ -59,3 +62,45 @@ def test_compatible_reads_gates_once_per_ttl_and_again_after_new_evidence(tmp_pa
         assert not m.compatible(a, "other@1")
     finally:
         m.close()
+
+
+class PriorityProbe(FakeEmbedder):
+    """Records the nice value of the thread each embed runs on."""
+
+    def __init__(self, version: str = "1") -> None:
+        super().__init__(version=version)
+        self.nice: list[int] = []
+
+    def embed(self, texts, normalize=True):
+        self.nice.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return super().embed(texts, normalize)
+
+
+def test_timings_run_at_the_managers_priority_not_the_niced_workers(tmp_path):
+    """An A/B/A timing from the nice-19 worker would slow whichever embedder uses the
+    calling thread (ONNX Runtime does, embedder_rs does not), biasing G2."""
+    canonical, shadow = PriorityProbe(), PriorityProbe(version="2")
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    for timing_rate, expect in ((1.0, {own}), (0.0, {19})):
+        pairs = {
+            "embeddings": PairConfig(
+                "embeddings", "fake", "fake", sample_rate=1.0, timing_rate=timing_rate
+            )
+        }
+        m = ShadowManager(
+            pairs, canonical, {"embeddings": shadow}, EvidenceStore(tmp_path / f"{timing_rate}.db")
+        )
+        try:
+            shadow.nice.clear()
+            texts = ["one text", "another text"]
+            m.observe(
+                "embeddings",
+                texts,
+                canonical.embed(texts, normalize=False),
+                0.01,
+                canonical.identity,
+            )
+            m.drain()
+            assert set(shadow.nice) == expect, (timing_rate, shadow.nice)
+        finally:
+            m.close()
