@@ -1,16 +1,26 @@
 """4. embedder_rs against the canonical embedders on the same batches: the G2 ratio.
 
 Three embedders as the service builds them (server.embedding), timed on identical batches
-of short texts and ~170-token passages at batch 1, 8 and 32, the order rotating every round
-so none profits from running first. The service's canonical on a CPU is ONNX Runtime
-(`embedder = auto`), so the G2 ratio is embedder_rs time / onnx time; torch is shown for
-reference (`bench/bench_embedder_rs.py` is the standalone torch-only version).
+of short texts and ~170- and ~250-token passages at batch 1, 8 and 32, the order rotating
+every round so none profits from running first. The service's canonical on a CPU is ONNX
+Runtime (`embedder = auto`), so the G2 ratio is embedder_rs time / onnx time; torch is
+shown for reference (`bench/bench_embedder_rs.py` is the standalone torch-only version).
+
+All three use the same number of threads: the machine's cores, or `--threads N`
+(embedder_rs through RAYON_NUM_THREADS, ONNX Runtime's intra-op pool, torch's). Run alone,
+on a machine with many cores, without rewriting BENCHMARKS.md:
+
+    python -m bench.rust --threads 16 [--rounds 3] [--json out.json]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -20,28 +30,35 @@ BATCHES = (1, 8, 32)
 TEXTS_PER_BATCH_SIZE = {1: 32, 8: 64, 32: 128}
 
 
-def run(rounds: int = 3) -> tuple[dict, str]:
+def run(rounds: int = 3, threads: int | None = None) -> tuple[dict, str]:
+    threads = threads or len(os.sched_getaffinity(0))
+    # embedder_rs sizes its rayon pool on first use, from this variable.
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
     try:
         from server.embedding.rust import RustEmbedder
 
         rust = RustEmbedder(device="cpu")
     except ValueError as exc:
         return {"skipped": str(exc)}, f"Skipped: {exc}."
+    import torch
+
     from server.embedding.onnx import OnnxEmbedder
     from server.embedding.st import SentenceTransformersEmbedder
 
     sys.path.insert(0, str(ROOT / "bench"))
     from bench_embedder_rs import _passages, _short_texts
 
+    torch.set_num_threads(threads)
     sides = {
         "embedder_rs": rust,
-        "onnx": OnnxEmbedder(device="cpu"),
+        "onnx": OnnxEmbedder(device="cpu", threads=threads),
         "torch": SentenceTransformersEmbedder(device="cpu"),
     }
     n_max = max(TEXTS_PER_BATCH_SIZE.values())
     corpora = {
         "short": _short_texts(n_max),
         "passage_170": _passages(n_max, rust.count_tokens),
+        "passage_250": _passages(n_max, rust.count_tokens, target=250),
     }
     for texts in corpora.values():  # warm-up: lazy inits, first allocations
         for e in sides.values():
@@ -55,7 +72,7 @@ def run(rounds: int = 3) -> tuple[dict, str]:
         )
     )
     names = list(sides)
-    results: dict = {"min_cosine_rust_vs_onnx": agree}
+    results: dict = {"min_cosine_rust_vs_onnx": agree, "threads": threads}
     rows = []
     for kind, texts in corpora.items():
         tokens = rust.count_tokens(texts)
@@ -103,8 +120,25 @@ def run(rounds: int = 3) -> tuple[dict, str]:
     )
     md += (
         f"\n\nRatio = embedder_rs time / canonical time on the same batches ({rounds} rounds, "
-        f"order rotating). Worst ratio against the service's CPU canonical (onnx): {worst:.2f}"
-        f" (gate <= 1.05). embedder_rs backend: {rust.device}. Minimum cosine embedder_rs vs "
-        f"onnx on the passages: {agree:.7f}."
+        f"order rotating, {threads} threads each). Worst ratio against the service's CPU "
+        f"canonical (onnx): {worst:.2f} (gate <= 1.05). embedder_rs backend: {rust.device}. "
+        f"Minimum cosine embedder_rs vs onnx on the passages: {agree:.7f}."
     )
     return results, md
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="bench section 4 alone: embedder_rs vs canonical")
+    p.add_argument("--threads", type=int, default=None, help="threads for every embedder")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", default=None, help="also write the results here")
+    args = p.parse_args()
+    results, md = run(rounds=args.rounds, threads=args.threads)
+    print(md)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

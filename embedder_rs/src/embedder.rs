@@ -8,9 +8,10 @@ use serde_json::Value;
 
 use crate::backend::{self, panic_message, BackendKind, SelectedDevice};
 use crate::error::{EmbedderError, Result};
+use crate::model::cpu::{HostBert, Packed};
 use crate::model::loader::WeightFile;
 use crate::model::{BertConfig, BertModel};
-use crate::tokenize::{make_batches, Batch, TextTokenizer};
+use crate::tokenize::{make_batches, pack_chunks, Batch, TextTokenizer};
 
 /// Default most texts per forward pass.
 pub const DEFAULT_BATCH_SIZE: usize = 32;
@@ -25,9 +26,10 @@ pub struct EmbedderOptions {
     /// Truncation length; `None` reads `sentence_bert_config.json` (else the
     /// model's `max_position_embeddings`).
     pub max_seq_length: Option<usize>,
-    /// Most texts per forward pass.
+    /// Most texts per forward pass on wgpu (padded batches); the CPU packs texts without
+    /// padding and is bounded by `max_batch_tokens` alone.
     pub batch_size: usize,
-    /// Most padded tokens per forward pass.
+    /// Most tokens (padded, on wgpu) per forward pass: bounds activation memory.
     pub max_batch_tokens: usize,
 }
 
@@ -42,9 +44,17 @@ impl Default for EmbedderOptions {
     }
 }
 
+/// What runs the forward pass.
+enum Engine {
+    /// Host kernels over packed weights (the CPU).
+    Host(HostBert),
+    /// burn's tensor ops on the device (wgpu).
+    Burn(Box<BertModel>),
+}
+
 /// A loaded sentence-transformers BERT model.
 pub struct Embedder {
-    model: BertModel,
+    engine: Engine,
     tokenizer: TextTokenizer,
     device: SelectedDevice,
     config: BertConfig,
@@ -128,6 +138,11 @@ impl Embedder {
             BertModel::load(&weights, &config, &device.device)
         }))
         .map_err(|p| EmbedderError::Inference(panic_message(p.as_ref())))??;
+        // On the CPU the burn parameters are packed for the host kernels and then dropped.
+        let engine = match device.kind {
+            BackendKind::Cpu => Engine::Host(HostBert::new(&model, &config)),
+            BackendKind::Wgpu => Engine::Burn(Box::new(model)),
+        };
 
         let name = dir
             .canonicalize()
@@ -135,7 +150,7 @@ impl Embedder {
             .and_then(|p| p.file_name().map(|s| s.to_string_lossy().into_owned()))
             .unwrap_or_default();
         Ok(Self {
-            model,
+            engine,
             tokenizer,
             device,
             config,
@@ -188,6 +203,23 @@ impl Embedder {
             return Ok(out);
         }
         let encodings = self.tokenizer.encode(texts)?;
+        let model = match &self.engine {
+            Engine::Host(host) => {
+                for chunk in pack_chunks(&encodings, self.max_batch_tokens) {
+                    let batch = Packed {
+                        ids: &chunk.ids,
+                        type_ids: &chunk.type_ids,
+                        spans: &chunk.spans,
+                    };
+                    let rows = catch_unwind(AssertUnwindSafe(|| host.embed(&batch, normalize)))
+                        .map_err(|p| EmbedderError::Inference(panic_message(p.as_ref())))?;
+                    let at = chunk.first * dim;
+                    out[at..at + rows.len()].copy_from_slice(&rows);
+                }
+                return Ok(out);
+            }
+            Engine::Burn(model) => model,
+        };
         let batches = make_batches(
             &encodings,
             self.tokenizer.pad_id(),
@@ -195,7 +227,7 @@ impl Embedder {
             self.max_batch_tokens,
         );
         for batch in batches {
-            let rows = self.forward(&batch, normalize)?;
+            let rows = self.forward(model, &batch, normalize)?;
             for (k, &r) in batch.rows.iter().enumerate() {
                 out[r * dim..(r + 1) * dim].copy_from_slice(&rows[k * dim..(k + 1) * dim]);
             }
@@ -203,8 +235,8 @@ impl Embedder {
         Ok(out)
     }
 
-    /// One padded batch through the model: `[b, dim]` row-major.
-    fn forward(&self, batch: &Batch, normalize: bool) -> Result<Vec<f32>> {
+    /// One padded batch through burn's model: `[b, dim]` row-major.
+    fn forward(&self, model: &BertModel, batch: &Batch, normalize: bool) -> Result<Vec<f32>> {
         let device = &self.device.device;
         let shape = [batch.rows.len(), batch.seq_len];
         let run = || -> Result<Vec<f32>> {
@@ -216,7 +248,7 @@ impl Embedder {
                 .chunks_exact(batch.seq_len)
                 .map(|row| row.iter().filter(|&&m| m != 0).count())
                 .collect();
-            let pooled = self.model.embed(
+            let pooled = model.embed(
                 ids(&batch.input_ids),
                 ids(&batch.token_type_ids),
                 ids(&batch.attention_mask),

@@ -81,6 +81,43 @@ impl TextTokenizer {
     }
 }
 
+/// Consecutive texts packed end to end, without padding (the CPU path).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedChunk {
+    /// Position of the chunk's first text in the caller's list; the rest follow in order.
+    pub first: usize,
+    /// Word-piece ids of every token of every text, `[tokens]`.
+    pub ids: Vec<u32>,
+    /// Segment ids, `[tokens]`.
+    pub type_ids: Vec<u32>,
+    /// `(first token, length)` of each text.
+    pub spans: Vec<(usize, usize)>,
+}
+
+/// Cuts `encodings` into runs of consecutive texts of at most `max_tokens` tokens in all
+/// (a longer single text still gets a chunk of its own), each packed end to end.
+pub fn pack_chunks(encodings: &[Encoding], max_tokens: usize) -> Vec<PackedChunk> {
+    let mut chunks: Vec<PackedChunk> = Vec::new();
+    for (i, e) in encodings.iter().enumerate() {
+        let fits = chunks
+            .last()
+            .is_some_and(|c| c.ids.len() + e.len() <= max_tokens.max(1));
+        if !fits {
+            chunks.push(PackedChunk {
+                first: i,
+                ids: Vec::new(),
+                type_ids: Vec::new(),
+                spans: Vec::new(),
+            });
+        }
+        let c = chunks.last_mut().expect("a chunk was just pushed");
+        c.spans.push((c.ids.len(), e.len()));
+        c.ids.extend_from_slice(e.get_ids());
+        c.type_ids.extend_from_slice(e.get_type_ids());
+    }
+    chunks
+}
+
 /// Sorts encodings by length (longest first) and cuts them into batches of at most
 /// `max_batch` texts and `max_tokens` padded tokens, each padded to its own longest.
 pub fn make_batches(
@@ -169,6 +206,29 @@ mod tests {
         let mut all: Vec<usize> = plan.concat();
         all.sort();
         assert_eq!(all, vec![0, 1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn packed_chunks_keep_order_and_budget() {
+        let enc = |n: usize, first: u32| {
+            let tokens = (0..n as u32)
+                .map(|i| tokenizers::Token::new(first + i, String::new(), (0, 0)))
+                .collect();
+            Encoding::from_tokens(tokens, 0)
+        };
+        let encodings = vec![enc(3, 0), enc(4, 10), enc(1, 20), enc(9, 30), enc(2, 40)];
+        let chunks = pack_chunks(&encodings, 8);
+        let firsts: Vec<usize> = chunks.iter().map(|c| c.first).collect();
+        assert_eq!(firsts, vec![0, 3, 4]);
+        assert_eq!(chunks[0].spans, vec![(0, 3), (3, 4), (7, 1)]);
+        assert_eq!(chunks[0].ids, vec![0, 1, 2, 10, 11, 12, 13, 20]);
+        assert_eq!(
+            chunks[1].spans,
+            vec![(0, 9)],
+            "a long text gets a chunk of its own"
+        );
+        assert_eq!(chunks[2].ids, vec![40, 41]);
+        assert!(pack_chunks(&[], 8).is_empty());
     }
 
     #[test]

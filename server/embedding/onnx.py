@@ -102,8 +102,13 @@ class OnnxEmbedder:
     family = "sentence-transformers"  # a canonical backend: same weights, same vectors
 
     def __init__(
-        self, model_dir: str | Path | None = None, device: str = "auto", max_seq_length: int = 256
+        self,
+        model_dir: str | Path | None = None,
+        device: str = "auto",
+        max_seq_length: int = 256,
+        threads: int | None = None,
     ) -> None:
+        """`threads`: ONNX Runtime's intra-op pool (default: one per physical core)."""
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -119,6 +124,8 @@ class OnnxEmbedder:
             providers.insert(0, "CUDAExecutionProvider")
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            opts.intra_op_num_threads = threads
         self._session = ort.InferenceSession(str(onnx_path), opts, providers=providers)
         self.device = "cuda" if self._session.get_providers()[0].startswith("CUDA") else "cpu"
         self._tok = Tokenizer.from_file(str(path / "tokenizer.json"))

@@ -1,15 +1,11 @@
-//! Exact (erf) GELU, fused into one pass on the CPU backend.
+//! Exact (erf) GELU: burn's op for the tensor path, and a branch-free scalar form that the
+//! CPU kernels apply as they store the up projection.
 //!
 //! burn's `gelu` is five element-wise passes (scale, erf, add, multiply, scale), each
 //! allocating its output, with a scalar software `erff`: about a fifth of a CPU forward
-//! pass. On the host we run one branch-free loop that LLVM vectorises, in place, split
-//! across rayon's threads. GPU devices keep burn's kernel.
+//! pass. [`gelu_scalar`] is one branch-free expression that LLVM vectorises in place.
 
-use burn::tensor::{Tensor, TensorData};
-use rayon::prelude::*;
-
-use super::simd::multiversion;
-use crate::backend::is_cpu;
+use burn::tensor::Tensor;
 
 /// `erf(x)` as a rational function `x * P(x^2) / Q(x^2)` on `[-4, 4]` (outside it erf is
 /// +/-1 in f32). Maximum absolute error 4.2e-7 over `[-6, 6]` against the exact erf
@@ -41,42 +37,15 @@ pub fn gelu_scalar(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
-/// Elements per rayon task: large enough to amortise scheduling.
-const CHUNK: usize = 16 * 1024;
-
-#[inline(always)]
-fn gelu_in_place(values: &mut [f32]) {
-    values.iter_mut().for_each(|v| *v = gelu_scalar(*v));
-}
-
-// GELU of every element, in place, at the widest vectors the CPU has.
-multiversion!(fn gelu_slice, gelu_in_place);
-
-/// GELU of `x`: fused on the CPU backend, burn's kernel elsewhere.
+/// GELU of `x` in burn's ops (the tensor path: wgpu, and the CPU reference in tests).
 pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    if is_cpu(&x.device()) {
-        host_gelu(x)
-    } else {
-        burn::tensor::activation::gelu(x)
-    }
-}
-
-/// The fused GELU: one vectorised pass over host memory.
-fn host_gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    let device = x.device();
-    let shape = x.shape();
-    let mut values: Vec<f32> = x
-        .into_data()
-        .try_into_vec::<f32>()
-        .expect("hidden states are f32");
-    values.par_chunks_mut(CHUNK).for_each(gelu_slice);
-    Tensor::from_data(TensorData::new(values, shape), &device)
+    burn::tensor::activation::gelu(x)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::Device;
+    use burn::tensor::{Device, TensorData};
 
     /// erf in f64 by its Taylor series (|x| < 3) and continued fraction beyond: the
     /// reference the f32 approximation is held to.
@@ -114,11 +83,11 @@ mod tests {
     }
 
     #[test]
-    fn fused_gelu_matches_burn_gelu() {
+    fn scalar_gelu_matches_burn_gelu() {
         let device = Device::flex();
         let values: Vec<f32> = (0..40_000).map(|i| (i as f32 - 20_000.0) * 4e-4).collect();
+        let ours: Vec<f32> = values.iter().map(|&v| gelu_scalar(v)).collect();
         let x = Tensor::<2>::from_data(TensorData::new(values, [200, 200]), &device);
-        let ours = gelu(x.clone()).into_data().try_into_vec::<f32>().unwrap();
         let burns = burn::tensor::activation::gelu(x)
             .into_data()
             .try_into_vec::<f32>()

@@ -8,7 +8,6 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Tensor, TensorData};
 
 use super::config::BertConfig;
-use super::host_attention;
 use super::loader::{linear_from_host, WeightFile};
 use crate::error::Result;
 
@@ -23,15 +22,6 @@ pub struct BertAttention {
     pub norm: LayerNorm,
     /// Number of heads.
     pub heads: usize,
-}
-
-/// Which keys each token may attend to; the variant also picks the attention kernel.
-#[derive(Clone, Debug)]
-pub enum KeyMask {
-    /// `[b, heads, s, s]`, `true` where the key is padding: burn's attention (GPU backends).
-    Tensor(Box<Tensor<4, Bool>>),
-    /// Real tokens per sequence, right-padded after them: [`host_attention`] (CPU backend).
-    Lengths(Vec<usize>),
 }
 
 impl BertAttention {
@@ -63,24 +53,11 @@ impl BertAttention {
     }
 
     /// - `x`: `[b, s, h]` hidden states
-    /// - `mask`: the padding of each sequence
+    /// - `mask`: `[b, heads, s, s]`, `true` at padded keys (see [`padding_mask`])
     /// - returns `[b, s, h]`
-    pub fn forward(&self, x: Tensor<3>, mask: &KeyMask) -> Tensor<3> {
-        let [b, s, h] = x.dims();
-        let dh = h / self.heads;
+    pub fn forward(&self, x: Tensor<3>, mask: &Tensor<4, Bool>) -> Tensor<3> {
         let qkv = super::linear_rows(&self.qkv, x.clone());
-        let context = match mask {
-            KeyMask::Lengths(lengths) => {
-                let device = qkv.device();
-                let values = qkv
-                    .into_data()
-                    .try_into_vec::<f32>()
-                    .expect("hidden states are f32");
-                let out = host_attention::attention(&values, [b, s, self.heads, dh], lengths);
-                Tensor::from_data(TensorData::new(out, [b, s, h]), &device)
-            }
-            KeyMask::Tensor(mask) => device_attention(qkv, (**mask).clone(), self.heads),
-        };
+        let context = device_attention(qkv, mask.clone(), self.heads);
         self.norm
             .forward(super::linear_rows(&self.output, context) + x)
     }

@@ -5,7 +5,9 @@ use burn::nn::{LayerNorm, Linear};
 use burn::tensor::{Device, Tensor};
 
 use super::activation::gelu;
-use super::attention::{BertAttention, KeyMask};
+use burn::tensor::Bool;
+
+use super::attention::BertAttention;
 use super::config::BertConfig;
 use super::loader::WeightFile;
 use crate::error::Result;
@@ -41,9 +43,9 @@ impl BertLayer {
         })
     }
 
-    /// - `x`: `[b, s, h]`, `mask`: the padding of each sequence
+    /// - `x`: `[b, s, h]`, `mask`: `[b, heads, s, s]`, `true` at padded keys
     /// - returns `[b, s, h]`
-    pub fn forward(&self, x: Tensor<3>, mask: &KeyMask) -> Tensor<3> {
+    pub fn forward(&self, x: Tensor<3>, mask: &Tensor<4, Bool>) -> Tensor<3> {
         let x = self.attention.forward(x, mask);
         let y = self
             .output
@@ -68,8 +70,8 @@ impl BertEncoder {
         Ok(Self { layers })
     }
 
-    /// - `x`: `[b, s, h]`, `mask`: the padding of each sequence -> `[b, s, h]`
-    pub fn forward(&self, mut x: Tensor<3>, mask: &KeyMask) -> Tensor<3> {
+    /// - `x`: `[b, s, h]`, `mask`: `[b, heads, s, s]`, `true` at padded keys -> `[b, s, h]`
+    pub fn forward(&self, mut x: Tensor<3>, mask: &Tensor<4, Bool>) -> Tensor<3> {
         for layer in &self.layers {
             x = layer.forward(x, mask);
         }

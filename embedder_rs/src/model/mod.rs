@@ -3,9 +3,9 @@
 pub mod activation;
 pub mod attention;
 pub mod config;
+pub mod cpu;
 pub mod embeddings;
 pub mod encoder;
-pub mod host_attention;
 pub mod loader;
 pub mod pooling;
 mod simd;
@@ -13,7 +13,6 @@ mod simd;
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
 
-use attention::KeyMask;
 pub use config::BertConfig;
 use embeddings::BertEmbeddings;
 use encoder::BertEncoder;
@@ -21,7 +20,8 @@ use loader::WeightFile;
 
 use crate::error::Result;
 
-/// A BERT encoder with sentence pooling on top.
+/// A BERT encoder with sentence pooling on top, in burn's tensor ops: what runs on wgpu.
+/// On the CPU its parameters run through the host kernels of [`cpu`] instead.
 #[derive(Module, Debug)]
 pub struct BertModel {
     /// Input embeddings.
@@ -57,14 +57,7 @@ impl BertModel {
         normalize: bool,
     ) -> Tensor<2> {
         let [_, s] = input_ids.dims();
-        let device = input_ids.device();
-        let mask = if crate::backend::is_cpu(&device) {
-            KeyMask::Lengths(lengths.to_vec())
-        } else {
-            KeyMask::Tensor(Box::new(attention::padding_mask(
-                lengths, s, self.heads, &device,
-            )))
-        };
+        let mask = attention::padding_mask(lengths, s, self.heads, &input_ids.device());
         let x = self.embeddings.forward(input_ids, token_type_ids);
         let x = self.encoder.forward(x, &mask);
         let pooled = pooling::mean_pool(x, attention_mask.float());

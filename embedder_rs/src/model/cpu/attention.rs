@@ -1,41 +1,52 @@
-//! Self-attention on the CPU backend, straight from the fused QKV projection.
+//! Self-attention on the CPU, straight from the fused QKV projection of packed tokens.
 //!
 //! burn-flex's attention permutes Q, K and V into `[b, heads, s, dh]` copies, masks every
 //! padded key with a per-element branch and takes a scalar `exp` per score: about 30% of
-//! a forward pass after the matmuls were made fast. Here each (sequence, head) is one rayon
-//! task that reads Q, K and V in place from the `[b, s, 3, heads, dh]` projection through
-//! gemm's strides, attends only over the sequence's real tokens (batches are right-padded,
-//! so padding is simply left out rather than masked), and runs a vectorised softmax.
+//! a forward pass once the matmuls were fast. Here the batch is *packed*: the sequences'
+//! tokens lie one after another with no padding at all, and each sequence is a span of
+//! rows. Each (sequence, head) is one rayon task that reads Q, K and V in place from the
+//! `[tokens, 3, heads, dh]` projection through gemm's strides, attends over exactly the
+//! sequence's tokens and runs a vectorised softmax.
 
 use rayon::prelude::*;
 
-use super::simd::multiversion;
+use super::super::simd::multiversion;
+use super::SendPtr;
 
-/// Context vectors `[b, s, heads * dh]` of `qkv` (`[b, s, 3, heads, dh]`, row-major).
+/// Context vectors `[tokens, heads * dh]` of `qkv` (`[tokens, 3, heads, dh]`, row-major)
+/// into `out`.
 ///
-/// `lengths[i]` is the number of real tokens of sequence `i`; its padded rows
-/// (`lengths[i]..s`) come back as zeros and no real token attends to them.
-pub fn attention(qkv: &[f32], [b, s, heads, dh]: [usize; 4], lengths: &[usize]) -> Vec<f32> {
+/// `spans[i] = (first, len)`: sequence `i` is rows `first..first + len`; its tokens attend
+/// to each other only. Rows that belong to no span are left as they are.
+pub fn attention(qkv: &[f32], heads: usize, dh: usize, spans: &[(usize, usize)], out: &mut [f32]) {
     let h = heads * dh;
-    assert_eq!(qkv.len(), b * s * 3 * h, "qkv must be [b, s, 3, heads, dh]");
-    assert_eq!(lengths.len(), b, "one length per sequence");
-    let mut out = vec![0.0f32; b * s * h];
+    let tokens = out.len() / h.max(1);
+    assert_eq!(out.len(), tokens * h, "out must be [tokens, heads * dh]");
+    assert_eq!(
+        qkv.len(),
+        tokens * 3 * h,
+        "qkv must be [tokens, 3, heads, dh]"
+    );
+    assert!(
+        spans.iter().all(|&(first, len)| first + len <= tokens),
+        "spans must lie within the tokens"
+    );
     let dst = SendPtr(out.as_mut_ptr());
     let scale = 1.0 / (dh as f32).sqrt();
     let token = (3 * h) as isize; // stride between tokens in qkv
-    (0..b * heads)
+    (0..spans.len() * heads)
         .into_par_iter()
         .for_each_init(Vec::new, |scores, task| {
             let (seq, head) = (task / heads, task % heads);
-            let len = lengths[seq].min(s);
+            let (first, len) = spans[seq];
             if len == 0 {
                 return;
             }
-            let base = seq * s * 3 * h + head * dh;
+            let base = first * 3 * h + head * dh;
             let (q, k, v) = (&qkv[base..], &qkv[base + h..], &qkv[base + 2 * h..]);
             scores.resize(len * len, 0.0);
             // SAFETY: q, k, v hold `len` tokens at stride `token` with `dh` values each
-            // (checked against qkv's length above); `scores` is len x len.
+            // (spans checked against qkv's length above); `scores` is len x len.
             unsafe {
                 gemm::gemm(
                     len,
@@ -62,15 +73,15 @@ pub fn attention(qkv: &[f32], [b, s, heads, dh]: [usize; 4], lengths: &[usize]) 
             for row in scores.chunks_exact_mut(len) {
                 softmax(row);
             }
-            // SAFETY: this task alone writes rows 0..len, columns head*dh..(head+1)*dh of
-            // sequence `seq` in `out` (tasks differ in seq or head, so blocks are disjoint);
-            // `out` outlives the parallel loop.
+            // SAFETY: this task alone writes rows first..first+len, columns
+            // head*dh..(head+1)*dh of `out` (spans are disjoint; tasks differ in span or
+            // head); `out` outlives the parallel loop.
             unsafe {
                 gemm::gemm(
                     len,
                     dh,
                     len,
-                    dst.at(seq * s * h + head * dh),
+                    dst.at(first * h + head * dh),
                     1,
                     h as isize,
                     false,
@@ -89,22 +100,6 @@ pub fn attention(qkv: &[f32], [b, s, heads, dh]: [usize; 4], lengths: &[usize]) 
                 );
             }
         });
-    out
-}
-
-/// A raw pointer that rayon tasks may share; each task writes a disjoint block.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: used only for writes to disjoint blocks, see `attention`.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    /// # Safety
-    /// `offset` must be inside the allocation.
-    unsafe fn at(self, offset: usize) -> *mut f32 {
-        unsafe { self.0.add(offset) }
-    }
 }
 
 multiversion!(fn softmax, softmax_generic);
@@ -204,14 +199,20 @@ mod tests {
     }
 
     /// Agrees with burn's masked attention (the wgpu path) on every real token, for ragged
-    /// lengths.
+    /// lengths: the padded batch is given as spans of its rows.
     #[test]
     fn matches_burn_attention_on_real_tokens() {
         let (b, s, heads, dh) = (3, 11, 4, 8);
         let h = heads * dh;
         let lengths = [11, 5, 1];
         let qkv = lcg(b * s * 3 * h, 7);
-        let ours = attention(&qkv, [b, s, heads, dh], &lengths);
+        let spans: Vec<(usize, usize)> = lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i * s, l))
+            .collect();
+        let mut ours = vec![0.0f32; b * s * h];
+        attention(&qkv, heads, dh, &spans, &mut ours);
 
         let device = Device::flex();
         let fused = Tensor::<3>::from_data(TensorData::new(qkv, [b, s, 3 * h]), &device);
@@ -231,7 +232,7 @@ mod tests {
                             "seq {i} token {j} col {c}: {a} vs {w}"
                         );
                     } else {
-                        assert_eq!(ours[row + c], 0.0, "padding rows stay zero");
+                        assert_eq!(ours[row + c], 0.0, "rows outside every span are untouched");
                     }
                 }
             }

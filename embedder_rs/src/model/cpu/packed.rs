@@ -1,0 +1,356 @@
+//! Linear layers for the CPU path, with weights packed once at load time.
+//!
+//! A general-purpose gemm (burn-flex's, via the `gemm` crate) repacks the weight matrix
+//! on every call; for a short text that is as much memory traffic as the multiply itself.
+//! Here each weight matrix `[d_in, d_out]` is cut at load into column panels of [`NR`]
+//! columns, each stored `[d_in, NR]` contiguously (the last one zero-padded), so a
+//! register tile reads its panel front to back. ONNX Runtime's MLAS does the same.
+//!
+//! The register tile is [`MR`] rows x [`NR`] columns: on AVX-512 that is 8 x 2 vectors =
+//! 16 accumulators, fed per step `k` by one broadcast of each row's `x[r, k]` and two
+//! vector loads from the panel. The bias (and GELU) are applied as the tile is stored.
+
+use rayon::prelude::*;
+
+use super::super::activation::gelu_scalar;
+use super::SendPtr;
+
+/// Columns per packed panel (two AVX-512 vectors).
+pub const NR: usize = 32;
+/// Rows per register tile.
+pub const MR: usize = 8;
+/// Rows a rayon task covers: a panel is reused for this many rows while it is in cache.
+const TASK_ROWS: usize = 8 * MR;
+
+/// What is applied to each output element as the tile is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Epilogue {
+    /// `x @ W + b`
+    Bias,
+    /// `gelu(x @ W + b)` (exact, erf-based GELU)
+    BiasGelu,
+}
+
+/// A linear layer `y = x @ W + b` with `W` packed into column panels.
+pub struct PackedLinear {
+    d_in: usize,
+    d_out: usize,
+    /// `[panels][d_in][NR]`
+    panels: Vec<f32>,
+    /// `[panels * NR]`, zero past `d_out`.
+    bias: Vec<f32>,
+}
+
+impl PackedLinear {
+    /// Packs row-major `weight` `[d_in, d_out]` and `bias` `[d_out]`.
+    pub fn new(weight: &[f32], bias: &[f32], d_in: usize, d_out: usize) -> Self {
+        assert_eq!(weight.len(), d_in * d_out, "weight must be [d_in, d_out]");
+        assert_eq!(bias.len(), d_out, "bias must be [d_out]");
+        let n_panels = d_out.div_ceil(NR);
+        let mut panels = vec![0.0f32; n_panels * d_in * NR];
+        for p in 0..n_panels {
+            let cols = NR.min(d_out - p * NR);
+            for k in 0..d_in {
+                let src = &weight[k * d_out + p * NR..k * d_out + p * NR + cols];
+                let at = (p * d_in + k) * NR;
+                panels[at..at + cols].copy_from_slice(src);
+            }
+        }
+        let mut padded = vec![0.0f32; n_panels * NR];
+        padded[..d_out].copy_from_slice(bias);
+        Self {
+            d_in,
+            d_out,
+            panels,
+            bias: padded,
+        }
+    }
+
+    /// Input width.
+    pub fn d_in(&self) -> usize {
+        self.d_in
+    }
+
+    /// Output width.
+    pub fn d_out(&self) -> usize {
+        self.d_out
+    }
+
+    /// `out[m, d_out] = epilogue(x[m, d_in] @ W + b)`, split across rayon's threads.
+    pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32], epilogue: Epilogue) {
+        assert_eq!(x.len(), m * self.d_in, "x must be [m, d_in]");
+        assert_eq!(out.len(), m * self.d_out, "out must be [m, d_out]");
+        if m == 0 {
+            return;
+        }
+        let n_panels = self.d_out.div_ceil(NR);
+        let row_tasks = m.div_ceil(TASK_ROWS);
+        let dst = SendPtr(out.as_mut_ptr());
+        let kernel = kernel();
+        // Row chunks outermost: neighbouring tasks share rows of x, and each task keeps its
+        // panel in cache across its rows.
+        (0..row_tasks * n_panels).into_par_iter().for_each(|task| {
+            let (chunk, panel) = (task / n_panels, task % n_panels);
+            let rows = chunk * TASK_ROWS..(m).min((chunk + 1) * TASK_ROWS);
+            let cols = NR.min(self.d_out - panel * NR);
+            let b = &self.panels[panel * self.d_in * NR..(panel + 1) * self.d_in * NR];
+            let bias = &self.bias[panel * NR..(panel + 1) * NR];
+            let mut r = rows.start;
+            while r < rows.end {
+                let n = MR.min(rows.end - r);
+                let tile = Tile {
+                    x: &x[r * self.d_in..(r + n) * self.d_in],
+                    rows: n,
+                    k: self.d_in,
+                    panel: b,
+                    bias,
+                    // SAFETY: this task alone writes rows `rows`, columns of `panel`.
+                    out: unsafe { dst.at(r * self.d_out + panel * NR) },
+                    ldc: self.d_out,
+                    cols,
+                    epilogue,
+                };
+                kernel(&tile);
+                r += n;
+            }
+        });
+    }
+}
+
+/// One register tile's inputs: `rows <= MR` rows of `x` against one packed panel.
+pub struct Tile<'a> {
+    x: &'a [f32],
+    rows: usize,
+    k: usize,
+    panel: &'a [f32],
+    bias: &'a [f32],
+    out: *mut f32,
+    ldc: usize,
+    cols: usize,
+    epilogue: Epilogue,
+}
+
+type Kernel = fn(&Tile<'_>);
+
+/// The widest kernel this CPU runs, chosen once.
+fn kernel() -> Kernel {
+    use std::sync::OnceLock;
+    static CHOSEN: OnceLock<Kernel> = OnceLock::new();
+    *CHOSEN.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return avx512::tile;
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return portable::tile_avx2;
+            }
+        }
+        portable::tile
+    })
+}
+
+/// Stores one accumulated row (`NR` values, the bias already added) into `out`, applying
+/// the epilogue's activation to the `cols` real columns.
+#[inline(always)]
+fn store_row(acc: &[f32; NR], out: &mut [f32], epilogue: Epilogue) {
+    match epilogue {
+        Epilogue::Bias => out.copy_from_slice(&acc[..out.len()]),
+        Epilogue::BiasGelu => {
+            for (o, &a) in out.iter_mut().zip(acc) {
+                *o = gelu_scalar(a);
+            }
+        }
+    }
+}
+
+mod portable {
+    use super::{store_row, Tile, MR, NR};
+
+    /// Plain Rust over arrays of `NR` lanes; LLVM vectorises the inner loops.
+    #[inline(always)]
+    fn body(t: &Tile<'_>) {
+        let mut acc = [[0.0f32; NR]; MR];
+        for (kk, b) in t.panel.chunks_exact(NR).take(t.k).enumerate() {
+            for (r, row) in acc.iter_mut().enumerate().take(t.rows) {
+                let a = t.x[r * t.k + kk];
+                for (c, &w) in row.iter_mut().zip(b) {
+                    *c += a * w;
+                }
+            }
+        }
+        for (r, row) in acc.iter_mut().enumerate().take(t.rows) {
+            for (c, &b) in row.iter_mut().zip(t.bias) {
+                *c += b;
+            }
+            // SAFETY: `out` points at row 0 of the tile; rows are `ldc` apart and each
+            // has at least `cols` columns left (see PackedLinear::forward).
+            let out = unsafe { std::slice::from_raw_parts_mut(t.out.add(r * t.ldc), t.cols) };
+            store_row(row, out, t.epilogue);
+        }
+    }
+
+    pub fn tile(t: &Tile<'_>) {
+        body(t)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub fn tile_avx2(t: &Tile<'_>) {
+        #[target_feature(enable = "avx2,fma")]
+        fn inner(t: &Tile<'_>) {
+            body(t)
+        }
+        // SAFETY: chosen only after the CPU was checked for AVX2 and FMA.
+        unsafe { inner(t) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{store_row, Tile, MR, NR};
+
+    /// `ROWS` x 32 accumulators in registers over the whole of `k`.
+    #[target_feature(enable = "avx512f")]
+    fn rows<const ROWS: usize>(t: &Tile<'_>) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; ROWS];
+        let (x, b) = (t.x.as_ptr(), t.panel.as_ptr());
+        for kk in 0..t.k {
+            // SAFETY: the panel holds k rows of NR floats; x holds ROWS rows of k floats.
+            unsafe {
+                let b0 = _mm512_loadu_ps(b.add(kk * NR));
+                let b1 = _mm512_loadu_ps(b.add(kk * NR + 16));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let xr = _mm512_set1_ps(*x.add(r * t.k + kk));
+                    a[0] = _mm512_fmadd_ps(xr, b0, a[0]);
+                    a[1] = _mm512_fmadd_ps(xr, b1, a[1]);
+                }
+            }
+        }
+        // SAFETY: bias holds NR floats.
+        let (bias0, bias1) = unsafe {
+            (
+                _mm512_loadu_ps(t.bias.as_ptr()),
+                _mm512_loadu_ps(t.bias.as_ptr().add(16)),
+            )
+        };
+        let mut row = [0.0f32; NR];
+        for (r, a) in acc.iter().enumerate() {
+            // SAFETY: `row` holds NR floats; `out` as in the portable kernel.
+            unsafe {
+                _mm512_storeu_ps(row.as_mut_ptr(), _mm512_add_ps(a[0], bias0));
+                _mm512_storeu_ps(row.as_mut_ptr().add(16), _mm512_add_ps(a[1], bias1));
+                let out = std::slice::from_raw_parts_mut(t.out.add(r * t.ldc), t.cols);
+                store_row(&row, out, t.epilogue);
+            }
+        }
+    }
+
+    pub fn tile(t: &Tile<'_>) {
+        const _: () = assert!(MR == 8 && NR == 32);
+        // SAFETY: chosen only after the CPU was checked for AVX-512F.
+        unsafe {
+            match t.rows {
+                8 => rows::<8>(t),
+                7 => rows::<7>(t),
+                6 => rows::<6>(t),
+                5 => rows::<5>(t),
+                4 => rows::<4>(t),
+                3 => rows::<3>(t),
+                2 => rows::<2>(t),
+                _ => rows::<1>(t),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(n: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed;
+        (0..n)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0
+            })
+            .collect()
+    }
+
+    fn reference(x: &[f32], w: &[f32], b: &[f32], m: usize, d_in: usize, d_out: usize) -> Vec<f32> {
+        let mut out = vec![0.0f32; m * d_out];
+        for i in 0..m {
+            for j in 0..d_out {
+                let mut s = b[j] as f64;
+                for k in 0..d_in {
+                    s += x[i * d_in + k] as f64 * w[k * d_out + j] as f64;
+                }
+                out[i * d_out + j] = s as f32;
+            }
+        }
+        out
+    }
+
+    /// Every shape class: fewer rows than a tile, ragged rows and columns, several tasks.
+    #[test]
+    fn matches_a_reference_matmul() {
+        for &(m, d_in, d_out) in &[
+            (1, 3, 5),
+            (7, 16, 32),
+            (9, 33, 70),
+            (70, 64, 96),
+            (130, 40, 33),
+        ] {
+            let (x, w, b) = (lcg(m * d_in, 1), lcg(d_in * d_out, 2), lcg(d_out, 3));
+            let packed = PackedLinear::new(&w, &b, d_in, d_out);
+            let mut out = vec![f32::NAN; m * d_out];
+            packed.forward(&x, m, &mut out, Epilogue::Bias);
+            let want = reference(&x, &w, &b, m, d_in, d_out);
+            for (i, (a, e)) in out.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - e).abs() < 1e-4,
+                    "{m}x{d_in}x{d_out} at {i}: {a} vs {e}"
+                );
+            }
+            packed.forward(&x, m, &mut out, Epilogue::BiasGelu);
+            for (a, e) in out.iter().zip(&want) {
+                assert!((a - gelu_scalar(*e)).abs() < 1e-4);
+            }
+        }
+    }
+
+    #[test]
+    fn portable_kernel_matches_the_chosen_one() {
+        let (m, d_in, d_out) = (13, 50, 64);
+        let (x, w, b) = (lcg(m * d_in, 4), lcg(d_in * d_out, 5), lcg(d_out, 6));
+        let packed = PackedLinear::new(&w, &b, d_in, d_out);
+        let mut fast = vec![0.0f32; m * d_out];
+        packed.forward(&x, m, &mut fast, Epilogue::Bias);
+        let mut slow = vec![0.0f32; m * d_out];
+        for r0 in (0..m).step_by(MR) {
+            for p in 0..d_out / NR {
+                let rows = MR.min(m - r0);
+                portable::tile(&Tile {
+                    x: &x[r0 * d_in..(r0 + rows) * d_in],
+                    rows,
+                    k: d_in,
+                    panel: &packed.panels[p * d_in * NR..(p + 1) * d_in * NR],
+                    bias: &packed.bias[p * NR..(p + 1) * NR],
+                    out: slow[r0 * d_out + p * NR..].as_mut_ptr(),
+                    ldc: d_out,
+                    cols: NR,
+                    epilogue: Epilogue::Bias,
+                });
+            }
+        }
+        for (a, e) in fast.iter().zip(&slow) {
+            assert!((a - e).abs() < 1e-5);
+        }
+    }
+}
