@@ -56,11 +56,16 @@ DEMO_MINIMUMS = {"min_samples": 300, "min_probes": 20, "min_timed_batches": 30}
 
 
 def write_koder(
-    folder: Path, *, policy: str, minimums: dict[str, int], timing_rate: float = 1.0
+    folder: Path,
+    *,
+    policy: str,
+    minimums: dict[str, int],
+    timing_rate: float = 1.0,
+    history: Path = ROOT / FILE_NAME,
 ) -> Path:
     """A copy of the repository's embeddings pair at sample rate 1.0 with `policy` and
-    `minimums`, and beside it a copy of the committed release history (read, never
-    written, by the server)."""
+    `minimums`, and beside it a copy of the release `history` (the committed one unless
+    told; read, never written, by the server)."""
     declared = tomllib.loads((ROOT / "koder.toml").read_text())["self_hosted"][CASE]
     gates = {**declared.get("gates", {}), **minimums}
     lines = [
@@ -78,8 +83,8 @@ def write_koder(
     folder.mkdir(parents=True, exist_ok=True)
     koder = folder / "koder.toml"
     koder.write_text("\n".join(lines) + "\n")
-    if (ROOT / FILE_NAME).exists():
-        shutil.copy(ROOT / FILE_NAME, folder / FILE_NAME)
+    if history.exists():
+        shutil.copy(history, folder / FILE_NAME)
     return koder
 
 
@@ -113,7 +118,10 @@ def gate_lines(case: admin_pb2.ShadowCase) -> list[str]:
 def cli(port: int, *args: str) -> str:
     """`ragplane shadow ...` against the demo server, as a person would type it."""
     out = subprocess.run(
-        [sys.executable, "-m", "server.cli", "shadow", "--addr", f"127.0.0.1:{port}", *args],
+        # the `ragplane` entry point: `python -m server.cli` would register the sub-commands
+        # on a second copy of the module, not on the app it runs
+        [sys.executable, "-c", "from server.cli import main; main()", "shadow", "--addr"]
+        + [f"127.0.0.1:{port}", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -137,6 +145,12 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=480.0, help="seconds of traffic at most")
     p.add_argument("--batch", type=int, default=8, help="texts per Embed call")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    p.add_argument(
+        "--history",
+        type=Path,
+        default=ROOT / FILE_NAME,
+        help=f"the release history G3 reads (default: the committed {FILE_NAME})",
+    )
     args = p.parse_args()
     try:
         import embedder_rs
@@ -147,7 +161,7 @@ def main() -> int:
         return EXIT_NO_RUST
 
     work = Path(tempfile.mkdtemp(prefix="ragplane-flip-"))
-    koder = write_koder(work, policy="auto", minimums=DEMO_MINIMUMS)
+    koder = write_koder(work, policy="auto", minimums=DEMO_MINIMUMS, history=args.history)
     gates = tomllib.loads(koder.read_text())["self_hosted"][CASE]["gates"]
     print(f"flip demo: embedder_rs {version} shadowing the canonical, policy auto, sample 1.0")
     print(
@@ -156,7 +170,7 @@ def main() -> int:
         + " (koder.toml asks for more); every threshold is the repository's:"
     )
     print("  " + ", ".join(f"{k} = {v}" for k, v in gates.items() if k not in DEMO_MINIMUMS))
-    print(f"  G3 reads the committed release history ({FILE_NAME}) plus the live release")
+    print(f"  G3 reads the release history {args.history} plus the live release")
     t0 = time.monotonic()
     srv = start(koder, work / "data")
     try:
@@ -194,7 +208,7 @@ def _demo(srv: Server, gates: dict, args: argparse.Namespace) -> int:
 
     print("2. traffic: Embed calls of real text until the server decides")
     deadline = time.monotonic() + args.timeout
-    i, last = 200, 0.0
+    i, last, shown = 200, 0.0, -1
     case = shadow_case(ch)
     while case.serving != case.shadow:
         if time.monotonic() > deadline:
@@ -203,13 +217,19 @@ def _demo(srv: Server, gates: dict, args: argparse.Namespace) -> int:
             return EXIT_TIMEOUT
         batch = texts[i : i + args.batch] or texts[: args.batch]
         i = i + args.batch if i + args.batch < len(texts) else 200
+        t = time.perf_counter()
         embed.Embed(embed_pb2.EmbedRequest(texts=batch), timeout=60)
-        time.sleep(0.02)  # leave the shadow worker the spare capacity it samples in
+        # a steady load, not a flood: the shadow samples only while no request waits and
+        # times each sample A/B/A (three embeds), so leave it room to keep up
+        time.sleep(2 * (time.perf_counter() - t))
         if time.monotonic() - last < 3:
             continue
         last = time.monotonic()
         case = shadow_case(ch)
         rel = live_release(case)
+        if rel.samples == shown:
+            continue
+        shown = rel.samples
         print(
             f"   {rel.samples} vectors compared (min cos {rel.cosine_min:.7f}), "
             f"{rel.probes} probes (overlap@10 {rel.overlap_at_10:.3f}), "
