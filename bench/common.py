@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 
+from bench.markdown import table
 from tests.harness import ROOT, SubprocessServer
 
 __all__ = ["ROOT", "Load", "Server", "run_concurrent", "start_server", "table"]
@@ -106,7 +107,3 @@ def run_concurrent(
     return Load(took, len(lat), lat)
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)

@@ -24,20 +24,28 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import ROOT, table
+from bench.markdown import table
+
+ROOT = Path(__file__).resolve().parents[1]
 
 BATCHES = (1, 8, 32)
 TEXTS_PER_BATCH_SIZE = {1: 32, 8: 64, 32: 128}
 
 
-def run(rounds: int = 3, threads: int | None = None) -> tuple[dict, str]:
+def run(
+    rounds: int = 3,
+    threads: int | None = None,
+    model_dir: str | None = None,
+    with_torch: bool = True,
+) -> tuple[dict, str]:
     threads = threads or len(os.sched_getaffinity(0))
+    model_dir = model_dir or os.environ.get("RAGPLANE_MODEL_DIR") or None
     # embedder_rs sizes its rayon pool on first use, from this variable.
     os.environ["RAYON_NUM_THREADS"] = str(threads)
     try:
         from server.embedding.rust import RustEmbedder
 
-        rust = RustEmbedder(device="cpu")
+        rust = RustEmbedder(model_dir, device="cpu")
     except ValueError as exc:
         return {"skipped": str(exc)}, f"Skipped: {exc}."
     import torch
@@ -51,9 +59,10 @@ def run(rounds: int = 3, threads: int | None = None) -> tuple[dict, str]:
     torch.set_num_threads(threads)
     sides = {
         "embedder_rs": rust,
-        "onnx": OnnxEmbedder(device="cpu", threads=threads),
-        "torch": SentenceTransformersEmbedder(device="cpu"),
+        "onnx": OnnxEmbedder(model_dir, device="cpu", threads=threads),
     }
+    if with_torch:
+        sides["torch"] = SentenceTransformersEmbedder(model_dir, device="cpu")
     n_max = max(TEXTS_PER_BATCH_SIZE.values())
     corpora = {
         "short": _short_texts(n_max),
@@ -89,7 +98,7 @@ def run(rounds: int = 3, threads: int | None = None) -> tuple[dict, str]:
                         spent[name] += time.perf_counter() - t0
             tps = {name: n * rounds / t for name, t in spent.items()}
             vs_onnx = spent["embedder_rs"] / spent["onnx"]
-            vs_torch = spent["embedder_rs"] / spent["torch"]
+            vs_torch = spent["embedder_rs"] / spent["torch"] if with_torch else float("nan")
             results[f"{kind}/b{bs}"] = {**tps, "ratio_vs_onnx": vs_onnx, "ratio_vs_torch": vs_torch}
             rows.append(
                 [
@@ -98,9 +107,9 @@ def run(rounds: int = 3, threads: int | None = None) -> tuple[dict, str]:
                     f"{np.mean(tokens[:n]):.0f}",
                     f"{tps['embedder_rs']:,.1f}",
                     f"{tps['onnx']:,.1f}",
-                    f"{tps['torch']:,.1f}",
+                    f"{tps['torch']:,.1f}" if with_torch else "-",
                     f"{vs_onnx:.2f}",
-                    f"{vs_torch:.2f}",
+                    f"{vs_torch:.2f}" if with_torch else "-",
                 ]
             )
     worst = max(v["ratio_vs_onnx"] for k, v in results.items() if "/" in k)
@@ -132,8 +141,10 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=None, help="threads for every embedder")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--model-dir", default=None, help="default: RAGPLANE_MODEL_DIR, the package")
+    p.add_argument("--no-torch", action="store_true", help="leave torch out (saves time)")
     args = p.parse_args()
-    results, md = run(rounds=args.rounds, threads=args.threads)
+    results, md = run(args.rounds, args.threads, args.model_dir, not args.no_torch)
     print(md)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))

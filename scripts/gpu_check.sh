@@ -95,7 +95,10 @@ timeout -s INT -k 15 "$test_budget" "$PY" -m pytest -m gpu tests/gpu -q -rs -s \
 echo "   pytest exit $? (124: out of time)"
 unset RAGPLANE_GPU_DRY_RUN
 
-bench_budget=$(($(left) - 10))
+# the last CPU_SECONDS (default 150) are kept for bench section 4 on all of the machine's
+# cores: embedder_rs against ONNX Runtime at the same thread count (issue: many cores)
+CPU_SECONDS=${CPU_SECONDS:-150}
+bench_budget=$(($(left) - CPU_SECONDS - 10))
 echo "== bench/gpu.py ($bench_budget s)"
 if [ "$DRY" = 1 ]; then
   bench_args=(--device cpu --quick --phase-seconds 30 --throughput-seconds 40)
@@ -105,8 +108,20 @@ fi
 timeout -s INT -k 15 "$bench_budget" "$PY" -m bench.gpu "${bench_args[@]}" --out "$OUT" \
   2>&1 | grep -v "Loading weights" > "$OUT/bench.log"
 echo "   bench exit $? after $(($(date +%s) - START)) s in all"
+
+threads=$(nproc)
+[ "$DRY" = 1 ] && cpu_args=(--rounds 1) || cpu_args=(--rounds 2)
+echo "== bench section 4 on $threads CPU threads ($(left) s left)"
+timeout -s INT -k 15 $(($(left) - 5)) "$PY" -m bench.rust --threads "$threads" --no-torch \
+  --model-dir "$MODEL" "${cpu_args[@]}" --json "$OUT/cpu_bench.json" \
+  2>&1 | grep -v "Loading weights" > "$OUT/cpu_bench.log"
+echo "   cpu bench exit $? after $(($(date +%s) - START)) s in all"
+
 echo
 echo "== GPU tests, summary"
 grep -E "^(PASSED|FAILED|SKIPPED|ERROR)|passed|failed|skipped|min cos|adapter" "$OUT/pytest.log" | tail -15
 echo
 cat "$OUT/gpu_bench.md" 2>/dev/null || tail -40 "$OUT/bench.log"
+echo
+echo "== bench section 4, $threads threads"
+tail -16 "$OUT/cpu_bench.log"
