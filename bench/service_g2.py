@@ -124,7 +124,9 @@ def report(r: dict) -> str:
         f"{r['aa_time_ratio']:.3f} | {r['samples']} | {r['cosine_min']:.7f} | "
         f"{r['cosine_mean']:.8f} | {r['overlap_at_10']:.3f} ({r['probes']}) | {r['dropped']} | "
         f"{r['errors']} | {'pass' if r['g1'] else 'fail'} | {'pass' if r['g2'] else 'fail'} |"
-        "\n\nCommand: `python -m bench.service_g2` (`make service-g2`). The flip end to end: "
+        + "\n\n"
+        + "\n".join(f"- {line.strip()}" for line in r["gates"])
+        + "\n\nCommand: `python -m bench.service_g2` (`make service-g2`). The flip end to end: "
         "`python -m bench.flip` (`make flip-demo`), which flips, or names the gate that "
         "holds it back with its numbers and exits 3."
     )
