@@ -63,8 +63,16 @@ fi
 
 if [ "$WHEEL" = 1 ]; then
   echo "== embedder_rs wheel for CPython 3.12 -> .whl"
-  PY312=$(command -v python3.12 || true)
-  [ -n "$PY312" ] || { echo "error: no python3.12 on PATH to build the wheel for" >&2; exit 1; }
+  # a pyenv shim on PATH may name a version that is installed but not selected: take the
+  # first candidate that actually runs (PY312 overrides)
+  PY312=${PY312:-}
+  if [ -z "$PY312" ]; then
+    for c in "$(command -v python3.12 || true)" \
+      $(command -v pyenv >/dev/null && ls -d "$(pyenv root)"/versions/3.12*/bin/python3.12 2>/dev/null); do
+      if [ -n "$c" ] && "$c" -c 'import sys' 2>/dev/null; then PY312=$c; break; fi
+    done
+  fi
+  [ -n "$PY312" ] || { echo "error: no working python3.12 to build the wheel for (set PY312)" >&2; exit 1; }
   rm -f .whl/embedder_rs-*.whl
   mkdir -p .whl
   MATURIN="$(cd "$VENV" && pwd)/bin/maturin"
