@@ -182,10 +182,21 @@ class ShadowManager:
             self.measure_overlap(case.cfg.use_case)
         if case.cfg.policy == "auto" and case.serving != case.shadow.identity:
             st = self._status(case)
-            if st.flip_eligible:
+            if st.flip_eligible and not self._unflipped(st):
                 self._set_serving(
                     case, case.shadow.identity, "flip", False, "automatic: every gate holds"
                 )
+
+    @staticmethod
+    def _unflipped(st: CaseStatus) -> bool:
+        """An admin unflipped this very shadow release: `auto` must not flip it straight
+        back on the next sample. A new release, or an admin flip, starts over."""
+        h = st.history
+        return (
+            bool(h)
+            and h[-1].action == "unflip"
+            and any(e.action == "flip" and e.serving == st.shadow for e in h)
+        )
 
     def _add_probes(self, case: _Case, texts, canon: np.ndarray, shadow: np.ndarray) -> None:
         cap = case.cfg.probe_corpus

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from server.embedding.fake import FakeEmbedder
-from server.shadow.config import PairConfig
+from server.shadow.config import Gates, PairConfig
 from server.shadow.evidence import EvidenceStore
 from server.shadow.manager import ShadowManager
 
@@ -104,3 +104,33 @@ def test_timings_run_at_the_managers_priority_not_the_niced_workers(tmp_path):
             assert set(shadow.nice) == expect, (timing_rate, shadow.nice)
         finally:
             m.close()
+
+
+def test_auto_flips_once_and_an_admin_unflip_sticks(tmp_path):
+    canonical, shadow = FakeEmbedder(), FakeEmbedder(version="2")
+    gates = Gates(
+        min_samples=20, min_probes=5, min_timed_batches=5, max_time_ratio=1e9, min_releases=1
+    )
+    cfg = PairConfig(
+        "embeddings", "fake", "fake", sample_rate=1.0, timing_rate=1.0, policy="auto", gates=gates
+    )
+    m = ShadowManager(
+        {"embeddings": cfg}, canonical, {"embeddings": shadow}, EvidenceStore(tmp_path / "a.db")
+    )
+
+    def traffic(n: int) -> None:
+        for i in range(n):
+            texts = [f"text {i} {j} about something else" for j in range(4)]
+            m.observe("embeddings", texts, canonical.embed(texts, normalize=False), 0.01, "fake@1")
+            m.drain()
+
+    try:
+        traffic(20)
+        assert m.serving("embeddings") == "fake@2"  # flipped by itself
+        m.unflip("embeddings")
+        traffic(20)
+        assert m.serving("embeddings") == "fake@1"  # the admin's unflip holds
+        m.flip("embeddings")
+        assert [h.action for h in m.status()[0].history] == ["flip", "unflip", "flip"]
+    finally:
+        m.close()
