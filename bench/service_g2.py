@@ -28,6 +28,7 @@ from bench.common import ROOT
 from bench.flip import (
     EXIT_HELD,
     EXIT_NO_RUST,
+    cli,
     gate_lines,
     live_release,
     shadow_case,
@@ -66,8 +67,12 @@ def run_load(port: int, users: int, seconds: int, seed_items: int, out: Path) ->
     return subprocess.run(cmd, cwd=ROOT).returncode
 
 
-def measure(users: int = 4, run_time: int = 90, seed_items: int = 200) -> dict:
-    """One load run against a fresh server; the live evidence of its shadow release."""
+def measure(
+    users: int = 4, run_time: int = 90, seed_items: int = 200, record: bool = False
+) -> dict:
+    """One load run against a fresh server; the live evidence of its shadow release. With
+    `record`, that evidence is also written to the repository's release history by
+    `ragplane shadow record-release` (which refuses a release that fails G1 or G2)."""
     import embedder_rs
 
     work = Path(tempfile.mkdtemp(prefix="ragplane-g2-"))
@@ -81,6 +86,13 @@ def measure(users: int = 4, run_time: int = 90, seed_items: int = 200) -> dict:
             before = live_release(case).samples
             time.sleep(2.0)
             case = shadow_case(srv.channel())
+        recorded = ""
+        if record:
+            try:
+                recorded = cli(srv.port, "record-release", "--koder-toml", str(ROOT / "koder.toml"))
+            except RuntimeError as exc:  # refused: the release fails a gate (its numbers say)
+                recorded = str(exc)
+            print(recorded, flush=True)
     finally:
         srv.stop()
     load = json.loads((work / "load.json").read_text()) if (work / "load.json").exists() else {}
@@ -110,6 +122,7 @@ def measure(users: int = 4, run_time: int = 90, seed_items: int = 200) -> dict:
         "g1": g1.passed,
         "g2": g2.passed,
         "gates": gate_lines(case)[:2],
+        "recorded": recorded,
     }
 
 
@@ -150,6 +163,11 @@ def main() -> int:
     p.add_argument("--run-time", type=int, default=90, help="seconds of load")
     p.add_argument("--seed-items", type=int, default=200, help="passages seeded for search")
     p.add_argument("--json-out", default="", help="also write the numbers here")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="record the evidence as this release's entry in self-hosted-releases.json",
+    )
     args = p.parse_args()
     try:
         import embedder_rs
@@ -158,7 +176,7 @@ def main() -> int:
     except (ImportError, AttributeError) as exc:
         print(f"embedder_rs is not installed ({exc}); `make install` builds it")
         return EXIT_NO_RUST
-    r = measure(args.users, args.run_time, args.seed_items)
+    r = measure(args.users, args.run_time, args.seed_items, args.record)
     print("\n" + report(r))
     print("\n".join(r["gates"]))
     if args.json_out:
