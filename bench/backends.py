@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from bench.common import table
-from tests.texts import long_passages, sentences
+from testkit.texts import long_passages, sentences
 
 
 def run(rounds: int = 3) -> tuple[dict, str]:

@@ -13,14 +13,14 @@ from pathlib import Path
 import grpc
 
 from bench.markdown import table
-from tests.harness import ROOT, SubprocessServer
+from testkit.harness import ROOT, SubprocessServer
 
 __all__ = ["ROOT", "Load", "Server", "run_concurrent", "start_server", "table"]
 
 
 @dataclass
 class Server:
-    """A `ragplane serve` subprocess (tests.harness.SubprocessServer) for a benchmark."""
+    """A `ragplane serve` subprocess (testkit.harness.SubprocessServer) for a benchmark."""
 
     sub: SubprocessServer
 

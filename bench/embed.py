@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from bench.common import run_concurrent, start_server, table
 from ragplane.v1 import embed_pb2, embed_pb2_grpc
-from tests.texts import sentences
+from testkit.texts import sentences
 
 N_TEXTS = 384
 

@@ -42,7 +42,7 @@ from ragplane.v1 import (
     search_pb2_grpc,
 )
 from server.shadow.releases import FILE_NAME
-from tests.texts import corpus
+from testkit.texts import corpus
 
 # the model is loaded offline by the processes this starts
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

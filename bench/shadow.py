@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bench.common import ROOT, run_concurrent, start_server, table
 from ragplane.v1 import embed_pb2, embed_pb2_grpc
-from tests.texts import sentences
+from testkit.texts import sentences
 
 ROUNDS = 6
 PER_ROUND = 96

@@ -1,7 +1,7 @@
 """Durable vector collections: SQLite store + FAISS indexes, filters, generations, rebuilds."""
 
 from index.engine import Engine
-from index.rebuild import RebuildProgress
+from index.progress import RebuildProgress
 from index.types import (
     CollectionInfo,
     Condition,

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from core.errors import InvalidArgument
 from index.types import Condition, Filter, FilterOp
-from server.errors import InvalidArgument
 
 _SCALARS = (str, int, float, bool, type(None))
 _NUM_TYPES = "('integer','real')"

@@ -1,83 +1,268 @@
-"""Rebuild progress reports and the recall check that gates a generation swap."""
+"""Rebuilds: build a new index generation from the store beside the serving one, check its
+recall, then catch it up and swap it in atomically.
+
+Searches and upserts keep working meanwhile. With `reembed`, every item's text is
+re-embedded: the new vectors are staged in SQLite and replace the stored ones at the swap
+(the old ones are kept for rollback).
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
-import faiss
 import numpy as np
 
-Phase = Literal["embedding", "indexing", "checking", "swapped", "refused"]
+from core.errors import FailedPrecondition, InvalidArgument, NotFound
+from index import faiss_index as fx
+from index import repository as repo
+from index.catalog import info
+from index.checkpoints import checkpoint, remove_generation_files
+from index.context import Context
+from index.progress import ProgressEmitter, RebuildProgress
+from index.recall import recall_at_k
+from index.state import Coll
+from index.types import CollectionInfo, IndexParams, IndexType, Metric
+from index.validate import check_min_recall, check_params, embedded_vectors, to_enum
 
-RECALL_K = 10
-RECALL_SAMPLE = 200
+log = logging.getLogger(__name__)
+
+ADD_BATCH = 4096
+REEMBED_BATCH = 256
+Reembed = Callable[[list[str]], np.ndarray]
 
 
 @dataclass(frozen=True)
-class RebuildProgress:
-    """One progress report of a rebuild.
+class Plan:
+    """What a rebuild was asked for, validated."""
 
-    `done` / `total` count items of the current phase; `rate` is items per second over the
-    phase so far and `eta_seconds` the time left at that rate (0 when unknown or finished).
-    `recall` is set from the "checking" phase on (recall@10 against exact search).
-    """
-
-    phase: Phase
-    done: int
-    total: int
-    rate: float = 0.0
-    eta_seconds: float = 0.0
-    generation: int = 0
-    recall: float | None = None
-    message: str = ""
+    target: IndexType
+    params: IndexParams  # as requested
+    reembed: Reembed | None
+    embedder: str
+    min_recall: float
 
 
-def recall_at_k(
-    index: faiss.Index,
-    vectors: np.ndarray,
-    ids: np.ndarray,
-    metric: int,
-    search_params: object | None,
-    *,
-    k: int = RECALL_K,
-    sample: int = RECALL_SAMPLE,
-    seed: int = 0,
-) -> float:
-    """Mean recall@k of `index` against exact search over (`vectors`, `ids`).
+@dataclass
+class Built:
+    """A new generation's index, built and checked but not yet serving."""
 
-    Queries are a seeded sample of the indexed vectors themselves. Ties at the k-th exact
-    score count as hits, so an index that returns any of several equally-near items is not
-    penalised. Returns 1.0 when there is nothing to check.
-    """
-    n = vectors.shape[0]
-    if n == 0:
-        return 1.0
-    k = min(k, n)
-    rng = np.random.default_rng(seed)
-    q = vectors[rng.choice(n, size=min(sample, n), replace=False)]
-    if metric == faiss.METRIC_L2:
-        exact_d, exact_i = faiss.knn(q, vectors, k, metric=faiss.METRIC_L2)
+    gen: int
+    snap: int  # every row up to this seq is in `index`
+    index: Any
+    kind: IndexType
+    rparams: IndexParams
+    dim: int
+    seqs: np.ndarray  # what was indexed, for the recall check
+    vecs: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return int(self.seqs.size)
+
+
+def rebuild(
+    ctx: Context, tenant: str, name: str, *, index_type: IndexType | None,
+    params: IndexParams | None, reembed: Reembed | None, embedder: str | None,
+    min_recall: float, progress: Callable[[RebuildProgress], None] | None,
+) -> CollectionInfo:
+    """See `Engine.rebuild`."""
+    coll = ctx.get(tenant, name)
+    target = (
+        to_enum(IndexType, index_type, "index_type") if index_type is not None else coll.index_type
+    )
+    if params is None:
+        params = coll.params if target == coll.index_type else IndexParams()
+    params = check_params(target, coll.dim, params)
+    min_recall = check_min_recall(min_recall)
+    new_embedder = embedder if embedder is not None else coll.embedder
+    if new_embedder != coll.embedder and reembed is None:
+        raise InvalidArgument(
+            "changing the embedder needs reembed: the stored vectors come from the old one"
+        )
+    with coll.maintenance():
+        plan = Plan(target, params, reembed, new_embedder, min_recall)
+        return _rebuild(ctx, coll, plan, progress)
+
+
+def _rebuild(
+    ctx: Context, coll: Coll, plan: Plan, progress_cb: Callable[[RebuildProgress], None] | None
+) -> CollectionInfo:
+    with coll.write_mutex:
+        snap = coll.indexed_seq
+        old_gen = coll.generation
+        with ctx.tx() as c:
+            gen = repo.begin_generation(
+                c, coll.id, plan.target, plan.params, plan.embedder, coll.dim
+            )
+    prog = ProgressEmitter(progress_cb, gen)
+    try:
+        built = _build(ctx, coll, plan, gen, snap, prog)
+        _check_recall(coll, plan, built, old_gen, prog)
+        # durable before the swap, so a crash right after it loads this and catches up;
+        # under ckpt_lock, which delete_collection holds to remove the directory
+        with coll.ckpt_lock:
+            if coll.dropped:
+                raise NotFound(f"collection {coll.name!r} was deleted during the rebuild")
+            fx.write_checkpoint(coll.dir, gen, snap, built.index)
+        old_index, old_seq = _swap(ctx, coll, plan, built)
+    except BaseException:
+        _abandon(ctx, coll, gen)
+        raise
+    # keep the old generation loadable for rollback without a full rebuild
+    try:
+        with coll.ckpt_lock:
+            if not coll.dropped:
+                fx.write_checkpoint(coll.dir, old_gen, old_seq, old_index)
+    except Exception:
+        log.exception("could not checkpoint previous generation %d of %s", old_gen, coll.name)
+    checkpoint(coll)
+    prog.start("swapped", built.n)
+    prog.emit(built.n, f"generation {gen} is serving; generation {old_gen} is kept for rollback")
+    return info(coll)
+
+
+def _embed(reembed: Reembed, texts: list[str], metric: Metric) -> np.ndarray:
+    try:
+        out = reembed(texts)
+    except (TypeError, ValueError) as e:
+        raise FailedPrecondition(
+            f"re-embedding returned something that is not a vector array: {e}"
+        ) from None
+    return embedded_vectors(out, len(texts), metric)
+
+
+def _reembed_all(
+    ctx: Context, coll: Coll, reembed: Reembed, gen: int, snap: int, prog: ProgressEmitter
+) -> tuple[np.ndarray, np.ndarray]:
+    """Re-embed every live row up to `snap`, staging the vectors; returns (seqs, vectors)."""
+    conn = ctx.reader()
+    prog.start("embedding", repo.count_live(conn, coll.id, snap))
+    seq_parts, vec_parts, done = [], [], 0
+    for seqs, _, texts in repo.iter_vectors(conn, coll.id, coll.dim, 0, snap, text=True):
+        for lo in range(0, len(texts), REEMBED_BATCH):
+            vecs = _embed(reembed, texts[lo : lo + REEMBED_BATCH], coll.metric)
+            if vec_parts and vecs.shape[1] != vec_parts[0].shape[1]:
+                raise FailedPrecondition("re-embedding returned vectors of varying dimension")
+            s = seqs[lo : lo + REEMBED_BATCH]
+            with ctx.tx() as c:
+                repo.stage_vectors(c, coll.id, gen, s, vecs)
+            seq_parts.append(s)
+            vec_parts.append(vecs)
+            done += len(s)
+            prog.emit(done)
+    if not vec_parts:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, coll.dim), dtype=np.float32)
+    return np.concatenate(seq_parts), np.concatenate(vec_parts)
+
+
+def _build(
+    ctx: Context, coll: Coll, plan: Plan, gen: int, snap: int, prog: ProgressEmitter
+) -> Built:
+    if plan.reembed is not None:
+        seqs, vecs = _reembed_all(ctx, coll, plan.reembed, gen, snap, prog)
     else:
-        exact_d, exact_i = faiss.knn(q, vectors, k, metric=faiss.METRIC_INNER_PRODUCT)
-    _, got = index.search(q, k, params=search_params)
-    # A returned id counts as a hit when its exact score is at least the k-th exact score:
-    # ties at the boundary are not misses. `ids` are ascending (store sequence order).
-    order = np.argsort(ids, kind="stable")
-    sorted_ids = ids[order]
-    hits = 0
-    for row in range(q.shape[0]):
-        got_row = got[row][got[row] >= 0]
-        pos = np.searchsorted(sorted_ids, got_row)
-        pos = np.minimum(pos, n - 1)
-        found = sorted_ids[pos] == got_row
-        vecs = vectors[order[pos[found]]]
-        if metric == faiss.METRIC_L2:
-            scores = -((vecs - q[row]) ** 2).sum(axis=1)
-            kth = -exact_d[row, k - 1]
-        else:
-            scores = vecs @ q[row]
-            kth = exact_d[row, k - 1]
-        tol = 1e-5 * max(1.0, abs(float(kth)))
-        hits += int(np.count_nonzero(scores >= kth - tol))
-    return min(1.0, hits / (q.shape[0] * k))
+        seqs, vecs = repo.read_vectors(ctx.reader(), coll.id, coll.dim, 0, snap)
+    dim = vecs.shape[1]
+    n = int(seqs.size)
+    kind, rparams, note = plan_kind(plan.target, dim, plan.params, n)
+    index = fx.new_index(kind, dim, coll.metric, rparams, n)
+    prog.start("indexing", n)
+    if kind == IndexType.IVF_PQ:
+        index.train(vecs)
+    for lo in range(0, n, ADD_BATCH):
+        index.add_with_ids(vecs[lo : lo + ADD_BATCH], seqs[lo : lo + ADD_BATCH])
+        prog.emit(min(n, lo + ADD_BATCH), note)
+    return Built(gen, snap, index, kind, rparams, dim, seqs, vecs)
+
+
+def _check_recall(
+    coll: Coll, plan: Plan, built: Built, old_gen: int, prog: ProgressEmitter
+) -> None:
+    """Refuse the new generation (FailedPrecondition) when its recall@10 is too low."""
+    seqs, vecs, n = built.seqs, built.vecs, built.n
+    prog.start("checking", n)
+    recall = recall_at_k(
+        built.index,
+        vecs,
+        seqs,
+        fx.faiss_metric(coll.metric),
+        fx.search_params(built.kind, built.rparams, 10, None),
+    )
+    prog.recall = recall
+    prog.emit(n, f"recall@10 {recall:.4f} against exact search")
+    if recall < plan.min_recall:
+        msg = (
+            f"new generation {built.gen} of {coll.name!r} reached recall@10 {recall:.4f}, below "
+            f"the required {plan.min_recall}; generation {old_gen} keeps serving. Raise "
+            "hnsw_ef_search / ivf_nprobe / pq_m, or lower min_recall"
+        )
+        prog.emit(n, msg, phase="refused")
+        raise FailedPrecondition(msg)
+
+
+def plan_kind(
+    target: IndexType, dim: int, params: IndexParams, n: int
+) -> tuple[IndexType, IndexParams, str]:
+    """What to build for `n` items: ivf_pq falls back to flat until it can be trained."""
+    check_params(target, dim, params)
+    if target == IndexType.IVF_PQ:
+        rp = fx.resolve_params(target, dim, params, n)
+        if not fx.ivf_trainable(n, rp):
+            note = (
+                f"{n} items are too few to train ivf_pq; "
+                "serving an exact flat index until a later rebuild"
+            )
+            return IndexType.FLAT, fx.resolve_params(IndexType.FLAT, dim, params), note
+        return target, rp, ""
+    return target, fx.resolve_params(target, dim, params), ""
+
+
+def _abandon(ctx: Context, coll: Coll, gen: int) -> None:
+    try:
+        with ctx.tx() as c:
+            repo.fail_generation(c, coll.id, gen)
+    except Exception:
+        log.exception("could not mark generation %d of %s failed", gen, coll.name)
+    remove_generation_files(coll, gen)
+
+
+def _catch_up(ctx: Context, coll: Coll, plan: Plan, built: Built) -> None:
+    """Add rows written since the snapshot to the new index. Called under write_mutex."""
+    rows = repo.iter_vectors(ctx.reader(), coll.id, coll.dim, built.snap, None, text=True)
+    for seqs, vecs, texts in rows:
+        if plan.reembed is not None:
+            vecs = np.concatenate(
+                [
+                    _embed(plan.reembed, texts[lo : lo + REEMBED_BATCH], coll.metric)
+                    for lo in range(0, len(texts), REEMBED_BATCH)
+                ]
+            )
+            with ctx.tx() as c:
+                repo.stage_vectors(c, coll.id, built.gen, seqs, vecs)
+        built.index.add_with_ids(vecs, seqs)
+
+
+def _swap(ctx: Context, coll: Coll, plan: Plan, built: Built) -> tuple[Any, int]:
+    """Catch the new index up with writes since its snapshot and make it the active
+    generation. Returns the old (index, covered seq)."""
+    with coll.write_mutex:
+        if coll.dropped:
+            raise NotFound(f"collection {coll.name!r} was deleted during the rebuild")
+        _catch_up(ctx, coll, plan, built)
+        with ctx.tx() as c:
+            retired = repo.activate_generation(
+                c, coll.id, coll.generation, built.gen, built.kind, built.rparams, plan.target,
+                plan.params, plan.embedder, built.dim, plan.reembed is not None,
+            )
+        with coll.rw.write():
+            old = (coll.index, coll.indexed_seq)
+            coll.index, coll.kind, coll.rparams = built.index, built.kind, built.rparams
+            coll.generation, coll.index_type, coll.params = built.gen, plan.target, plan.params
+            coll.embedder, coll.dim = plan.embedder, built.dim
+            coll._live_sel = None
+    for g in retired:
+        remove_generation_files(coll, g)
+    return old

@@ -1,4 +1,4 @@
-"""SQLite schema and connections: the source of truth for collections and items.
+"""The SQLite schema: the source of truth for collections and items.
 
 `items.seq` (AUTOINCREMENT, never reused) is the FAISS id of an item's vector. An upsert
 of an existing id tombstones the old row (`deleted = 1`) and inserts a new one, so every
@@ -8,7 +8,6 @@ vector a FAISS index holds stays addressable until a compaction drops tombstoned
 from __future__ import annotations
 
 import sqlite3
-from pathlib import Path
 
 DB_NAME = "ragplane.db"
 
@@ -64,16 +63,6 @@ CREATE TABLE IF NOT EXISTS prev_vectors (
     PRIMARY KEY (coll_id, generation, seq)
 );
 """
-
-
-def connect(path: Path) -> sqlite3.Connection:
-    """A connection in autocommit mode (transactions are explicit `BEGIN IMMEDIATE`),
-    WAL journal and synchronous=FULL, so a committed write survives power loss."""
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("PRAGMA busy_timeout=30000")
-    return conn
 
 
 def init_schema(conn: sqlite3.Connection) -> None:

@@ -28,7 +28,7 @@ from ragplane.v1 import (
     memory_pb2,
     memory_pb2_grpc,
 )
-from tests.texts import corpus
+from testkit.texts import corpus
 
 log = logging.getLogger("loadtest")
 

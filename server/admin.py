@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.errors import FailedPrecondition, InvalidArgument
 from index import CollectionInfo, Engine, IndexParams, IndexType, RebuildProgress
 from server import auth
 from server.auth import KeyStore
 from server.embedding.service import EmbeddingService
-from server.errors import FailedPrecondition, InvalidArgument
 from server.memory import MemoryService
 from server.shadow.types import CaseStatus
 
@@ -121,14 +121,17 @@ class AdminOps:
         if (snapshot_dir / "keys.db").exists():
             shutil.copy2(snapshot_dir / "keys.db", data_dir / "keys.db")
 
-    def status(self) -> Status:
-        colls = [
+    def user_collections(self) -> list[CollectionInfo]:
+        """Every tenant's collections, without the ones that hold memory namespaces."""
+        return [
             c for c in self.engine.list_all_collections() if not c.tenant.startswith("memory:")
         ]
+
+    def status(self) -> Status:
         return Status(
             embedder=self.embedding.serving_embedder().identity,
             started_at=self.started_at,
-            collections=colls,
+            collections=self.user_collections(),
             shadow=self.shadow.status() if self.shadow else [],
             memories=self.memory.count(),
         )

@@ -19,8 +19,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from index import Engine
-from index.engine import faiss_gpu_available
+from core.errors import InvalidArgument
+from index import CollectionInfo, Engine
+from index.gpu import faiss_gpu_available
 from ragplane.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -39,7 +40,6 @@ from server.auth import DEFAULT_TENANT, SCOPES, KeyStore
 from server.collections import CollectionService
 from server.embedding import Embedder, load_embedder
 from server.embedding.service import EmbeddingService
-from server.errors import InvalidArgument
 from server.interceptors import ServerInterceptor
 from server.memory import MemoryService
 from server.metrics import Metrics
@@ -53,6 +53,7 @@ from server.shadow.config import PairConfig, discover_koder_toml, load_pairs
 from server.shadow.evidence import EvidenceStore
 from server.shadow.manager import ShadowManager
 from server.shadow.releases import ReleaseHistory, history_beside
+from server.shadow.types import CaseStatus
 
 log = logging.getLogger("ragplane")
 
@@ -305,11 +306,31 @@ def create_server(
     if port == 0:
         runtime.close()
         raise InvalidArgument(f"cannot bind {address}; is another server using the port?")
-    runtime.metrics.attach(runtime)
+    runtime.metrics.attach(_Gauges(runtime))
     if settings.metrics_port:
         runtime.metrics_port = runtime.metrics.serve(settings.metrics_port, settings.host)
         runtime.extras.append(runtime.metrics)
     return server, port, runtime
+
+
+class _Gauges:
+    """The runtime as `server.metrics.RuntimeGauges` sees it."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    def queued_texts(self) -> int:
+        return self._rt.embedding.queued_texts
+
+    def search_batch_mean(self) -> float:
+        co = self._rt.collections.searches
+        return co.queries / co.calls if co.calls else 0.0
+
+    def collections(self) -> list[CollectionInfo]:
+        return self._rt.admin.user_collections()
+
+    def shadow_status(self) -> list[CaseStatus]:
+        return self._rt.shadow.status() if self._rt.shadow is not None else []
 
 
 class _HealthOff:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import grpc
 
-from index.store import connect
-from server.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
+from core.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
+from core.sqlite import connect
 
 SCOPES = ("read", "write", "admin")
 DEFAULT_TENANT = "default"

@@ -14,12 +14,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from core.errors import FailedPrecondition, InvalidArgument
 from index import Engine
-from index.engine import MAX_TOP_K
 from index.types import CollectionInfo, Filter, IndexParams, IndexType, Metric, Record, SearchResult
+from index.validate import MAX_TOP_K
 from server import auth
 from server.embedding.service import EmbeddingService
-from server.errors import FailedPrecondition, InvalidArgument
 from server.search_batcher import SearchCoalescer
 
 Compatible = Callable[[str, str], bool]

@@ -14,7 +14,8 @@ import numpy as np
 from google.protobuf import struct_pb2
 from google.protobuf.json_format import MessageToDict, ParseDict
 
-from index.rebuild import RebuildProgress
+from core.errors import InvalidArgument
+from index.progress import RebuildProgress
 from index.types import (
     CollectionInfo,
     Condition,
@@ -29,7 +30,6 @@ from index.types import (
 )
 from ragplane.v1 import admin_pb2, common_pb2, index_pb2, memory_pb2, search_pb2
 from server.auth import KeyInfo
-from server.errors import InvalidArgument
 from server.memory import Memory
 from server.shadow.types import CaseStatus, ReleaseEvidence
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from server import errors
+from core import errors
 
 log = logging.getLogger(__name__)
 

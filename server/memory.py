@@ -29,11 +29,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from core.errors import InvalidArgument, NotFound
 from index import Engine
 from index.types import Condition, Filter, FilterOp, IndexType, Metric, Record
 from server import auth
 from server.embedding.service import EmbeddingService
-from server.errors import InvalidArgument, NotFound
 
 log = logging.getLogger(__name__)
 

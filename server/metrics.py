@@ -9,15 +9,15 @@ agreement / gate status are read at scrape time by a collector.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from server.app import Runtime
+from index.types import CollectionInfo
+from server.shadow.types import CaseStatus
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,27 @@ _LATENCY_BUCKETS = (
     30,
 )
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+class RuntimeGauges(Protocol):
+    """What the scrape-time gauges read from a running server. `server.app` fills it in,
+    so this module needs nothing of the runtime's insides."""
+
+    def queued_texts(self) -> int:
+        """Texts waiting to be embedded."""
+        ...
+
+    def search_batch_mean(self) -> float:
+        """Mean searches per coalesced FAISS call since start (0 before the first)."""
+        ...
+
+    def collections(self) -> Iterable[CollectionInfo]:
+        """The user collections of every tenant."""
+        ...
+
+    def shadow_status(self) -> Sequence[CaseStatus]:
+        """Each shadowed use case; empty when nothing is shadowed."""
+        ...
 
 
 class Metrics:
@@ -88,8 +109,8 @@ class Metrics:
         self.batch_requests.observe(requests)
         self.pass_seconds.observe(seconds)
 
-    def attach(self, runtime: Runtime) -> None:
-        self.registry.register(_RuntimeCollector(runtime))
+    def attach(self, gauges: RuntimeGauges) -> None:
+        self.registry.register(_RuntimeCollector(gauges))
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
@@ -108,76 +129,83 @@ class Metrics:
 class _RuntimeCollector(Collector):
     """Gauges read at scrape time: nothing to keep in sync on the hot path."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self._rt = runtime
+    def __init__(self, gauges: RuntimeGauges) -> None:
+        self._g = gauges
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        rt = self._rt
+        g = self._g
         q = GaugeMetricFamily("ragplane_embed_queue_texts", "Texts waiting to be embedded")
-        q.add_metric([], rt.embedding.queued_texts)
+        q.add_metric([], g.queued_texts())
         yield q
         sb = GaugeMetricFamily(
             "ragplane_search_batch_mean", "Mean searches per coalesced FAISS call since start"
         )
-        co = rt.collections.searches
-        sb.add_metric([], co.queries / co.calls if co.calls else 0.0)
+        sb.add_metric([], g.search_batch_mean())
         yield sb
-        items = GaugeMetricFamily(
-            "ragplane_collection_items",
-            "Live items per collection",
-            labels=["tenant", "collection"],
-        )
-        tomb = GaugeMetricFamily(
-            "ragplane_collection_tombstones",
-            "Deleted or replaced vectors awaiting compaction",
-            labels=["tenant", "collection"],
-        )
-        for c in rt.engine.list_all_collections():
-            items.add_metric([c.tenant, c.name], c.count)
-            tomb.add_metric([c.tenant, c.name], c.tombstones)
-        yield items
-        yield tomb
-        if rt.shadow is None:
-            return
-        agree = GaugeMetricFamily(
-            "ragplane_shadow_cosine",
-            "Shadow agreement (cosine) of the current shadow release",
-            labels=["use_case", "shadow", "stat"],
-        )
-        ratio = GaugeMetricFamily(
-            "ragplane_shadow_time_ratio",
-            "Shadow / canonical time on the same batches",
-            labels=["use_case", "shadow", "stat"],
-        )
-        gate = GaugeMetricFamily(
-            "ragplane_shadow_gate", "1 when the gate passes", labels=["use_case", "gate"]
-        )
-        flipped = GaugeMetricFamily(
-            "ragplane_shadow_flipped", "1 when the shadow serves", labels=["use_case"]
-        )
-        drops = GaugeMetricFamily(
-            "ragplane_shadow_dropped",
-            "Samples dropped on a full queue",
-            labels=["use_case", "shadow"],
-        )
-        for case in rt.shadow.status():
-            for r in case.releases:
-                if r.shadow != case.shadow:
-                    continue
-                for stat, v in (
-                    ("min", r.cosine_min),
-                    ("p1", r.cosine_p1),
-                    ("mean", r.cosine_mean),
-                ):
-                    agree.add_metric([case.use_case, r.shadow, stat], v)
-                for stat, v in (
-                    ("ratio", r.time_ratio),
-                    ("upper95", r.time_ratio_upper),
-                    ("aa", r.aa_time_ratio),
-                ):
-                    ratio.add_metric([case.use_case, r.shadow, stat], v)
-                drops.add_metric([case.use_case, r.shadow], r.dropped)
-            for g in case.gates:
-                gate.add_metric([case.use_case, g.name.split()[0]], 1.0 if g.passed else 0.0)
-            flipped.add_metric([case.use_case], 1.0 if case.status == "flipped" else 0.0)
-        yield from (agree, ratio, gate, flipped, drops)
+        yield from _collection_gauges(g.collections())
+        yield from _shadow_gauges(g.shadow_status())
+
+
+def _collection_gauges(colls: Iterable[CollectionInfo]) -> Iterator[GaugeMetricFamily]:
+    items = GaugeMetricFamily(
+        "ragplane_collection_items",
+        "Live items per collection",
+        labels=["tenant", "collection"],
+    )
+    tomb = GaugeMetricFamily(
+        "ragplane_collection_tombstones",
+        "Deleted or replaced vectors awaiting compaction",
+        labels=["tenant", "collection"],
+    )
+    for c in colls:
+        items.add_metric([c.tenant, c.name], c.count)
+        tomb.add_metric([c.tenant, c.name], c.tombstones)
+    yield items
+    yield tomb
+
+
+def _shadow_gauges(cases: Sequence[CaseStatus]) -> Iterator[GaugeMetricFamily]:
+    if not cases:
+        return
+    agree = GaugeMetricFamily(
+        "ragplane_shadow_cosine",
+        "Shadow agreement (cosine) of the current shadow release",
+        labels=["use_case", "shadow", "stat"],
+    )
+    ratio = GaugeMetricFamily(
+        "ragplane_shadow_time_ratio",
+        "Shadow / canonical time on the same batches",
+        labels=["use_case", "shadow", "stat"],
+    )
+    gate = GaugeMetricFamily(
+        "ragplane_shadow_gate", "1 when the gate passes", labels=["use_case", "gate"]
+    )
+    flipped = GaugeMetricFamily(
+        "ragplane_shadow_flipped", "1 when the shadow serves", labels=["use_case"]
+    )
+    drops = GaugeMetricFamily(
+        "ragplane_shadow_dropped",
+        "Samples dropped on a full queue",
+        labels=["use_case", "shadow"],
+    )
+    for case in cases:
+        for r in case.releases:
+            if r.shadow != case.shadow:
+                continue
+            for stat, v in (
+                ("min", r.cosine_min),
+                ("p1", r.cosine_p1),
+                ("mean", r.cosine_mean),
+            ):
+                agree.add_metric([case.use_case, r.shadow, stat], v)
+            for stat, v in (
+                ("ratio", r.time_ratio),
+                ("upper95", r.time_ratio_upper),
+                ("aa", r.aa_time_ratio),
+            ):
+                ratio.add_metric([case.use_case, r.shadow, stat], v)
+            drops.add_metric([case.use_case, r.shadow], r.dropped)
+        for g in case.gates:
+            gate.add_metric([case.use_case, g.name.split()[0]], 1.0 if g.passed else 0.0)
+        flipped.add_metric([case.use_case], 1.0 if case.status == "flipped" else 0.0)
+    yield from (agree, ratio, gate, flipped, drops)

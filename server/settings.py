@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from server.errors import InvalidArgument
+from core.errors import InvalidArgument
 
 ENV_PREFIX = "RAGPLANE_"
 _SECRET_FIELDS = frozenset({"bootstrap_admin_key"})

@@ -11,7 +11,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 @pytest.fixture
 def server(tmp_path):
     """A real server (fake embedder, dim 64) on port 0 with a fresh data directory."""
-    from tests.harness import InProcessServer
+    from testkit.harness import InProcessServer
 
     srv = InProcessServer(tmp_path / "data")
     yield srv

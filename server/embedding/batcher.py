@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from core.errors import ResourceExhausted, Unavailable
 from server.embedding.base import Embedder, l2_normalize
-from server.errors import ResourceExhausted, Unavailable
 
 log = logging.getLogger(__name__)
 

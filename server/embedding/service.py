@@ -15,9 +15,9 @@ from typing import Protocol
 
 import numpy as np
 
+from core.errors import InvalidArgument
 from server.embedding.base import Embedder, l2_normalize
 from server.embedding.batcher import EmbedBatcher
-from server.errors import InvalidArgument
 
 DEFAULT_USE_CASE = "embeddings"
 

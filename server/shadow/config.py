@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from server.errors import InvalidArgument
+from core.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 AUTO = "auto"

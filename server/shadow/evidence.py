@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from index.store import connect
+from core.sqlite import connect
 from server.shadow.config import Gates
 from server.shadow.types import FlipEvent, GateResult, ReleaseEvidence
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from core.errors import FailedPrecondition, InvalidArgument
 from server.embedding.base import Embedder, l2_normalize
-from server.errors import FailedPrecondition, InvalidArgument
 from server.shadow.config import PairConfig
 from server.shadow.evidence import EvidenceStore, evaluate_gates
 from server.shadow.experiment import Experiment, Observation, Result

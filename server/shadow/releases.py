@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from server.errors import InvalidArgument
+from core.errors import InvalidArgument
 from server.shadow.config import Gates
 from server.shadow.evidence import passes_g1, passes_g2, stable
 from server.shadow.types import ReleaseEvidence

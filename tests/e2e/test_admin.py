@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from ragplane.v1 import admin_pb2, common_pb2, index_pb2, search_pb2
 from server.cli import app
-from tests.harness import InProcessServer
+from testkit.harness import InProcessServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.harness import ROOT, SubprocessServer
+from testkit.harness import ROOT, SubprocessServer
 
 pytestmark = pytest.mark.e2e
 

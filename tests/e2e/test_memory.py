@@ -8,7 +8,7 @@ import pytest
 
 from ragplane.v1 import common_pb2, memory_pb2
 from server.conversions import dict_to_struct, py_to_value
-from tests.harness import InProcessServer, SubprocessServer
+from testkit.harness import InProcessServer, SubprocessServer
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from ragplane.v1 import common_pb2, embed_pb2, index_pb2, search_pb2
 from server.cli import app
 from server.embedding.fake import FakeEmbedder
-from tests.harness import InProcessServer
+from testkit.harness import InProcessServer
 
 pytestmark = pytest.mark.e2e
 

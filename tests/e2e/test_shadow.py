@@ -11,8 +11,8 @@ import pytest
 
 from ragplane.v1 import admin_pb2, common_pb2, embed_pb2, index_pb2, search_pb2
 from server.embedding.fake import FakeEmbedder
-from tests.harness import InProcessServer
-from tests.texts import corpus
+from testkit.harness import InProcessServer
+from testkit.texts import corpus
 
 pytestmark = pytest.mark.e2e
 

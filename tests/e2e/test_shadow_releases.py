@@ -15,8 +15,8 @@ from ragplane.v1 import admin_pb2, embed_pb2
 from server.cli import app
 from server.embedding.fake import FakeEmbedder
 from server.shadow.releases import FILE_NAME
-from tests.harness import InProcessServer
-from tests.texts import corpus
+from testkit.harness import InProcessServer
+from testkit.texts import corpus
 
 pytestmark = pytest.mark.e2e
 

@@ -132,7 +132,7 @@ def test_faiss_searches_on_the_gpu(tmp_path) -> None:
     except ImportError as exc:
         pytest.skip(f"faiss is not installed: {exc}")
     from index import Engine, IndexType, Metric, Record
-    from index.engine import faiss_gpu_available
+    from index.gpu import faiss_gpu_available
 
     if not faiss_gpu_available():
         pytest.skip("this FAISS build has no GPU support or sees no GPU (make install-gpu)")
@@ -150,7 +150,7 @@ def test_faiss_searches_on_the_gpu(tmp_path) -> None:
         # rows added after the first search must be seen: the GPU copy is refreshed
         engine.upsert("t", "c", [Record(f"v{i}", v) for i, v in enumerate(vecs[2000:], 2000)])
         got = engine.search("t", "c", queries, 10)
-        assert engine._gpu_copies, "the unfiltered flat search did not use the GPU copy"
+        assert engine._ctx.gpu._copies, "the unfiltered flat search did not use the GPU copy"
     finally:
         engine.close()
     for res, upto in ((first, 2000), (got, 3000)):
@@ -167,7 +167,7 @@ def test_server_embeds_on_cuda(tmp_path, request) -> None:
     except ImportError as exc:
         pytest.skip(f"the server needs faiss, which is not installed here: {exc}")
     from ragplane.v1 import embed_pb2
-    from tests.harness import InProcessServer
+    from testkit.harness import InProcessServer
 
     texts, ref = request.getfixturevalue("cpu_vectors")
     srv = InProcessServer(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ragplane.v1 import embed_pb2
-from tests.texts import corpus, long_passages
+from testkit.texts import corpus, long_passages
 
 pytestmark = [pytest.mark.parity, pytest.mark.e2e]
 
@@ -27,7 +27,7 @@ def reference():
 
 @pytest.mark.parametrize("backend", ["sentence-transformers", "onnx"])
 def test_grpc_embed_matches_in_process_encode(tmp_path, backend, request, reference):
-    from tests.harness import InProcessServer
+    from testkit.harness import InProcessServer
 
     st_model = request.getfixturevalue("st_model" if backend != "onnx" else "onnx_model")
     texts = long_passages()[:40] + corpus(400)[::2]  # 240 texts, 40 over 128 tokens

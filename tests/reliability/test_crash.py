@@ -22,7 +22,7 @@ import pytest
 
 from ragplane.v1 import common_pb2, index_pb2, memory_pb2, search_pb2
 from server.conversions import dict_to_struct, py_to_value
-from tests.harness import Stubs, SubprocessServer
+from testkit.harness import Stubs, SubprocessServer
 
 pytestmark = pytest.mark.e2e
 

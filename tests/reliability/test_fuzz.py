@@ -30,7 +30,7 @@ from ragplane.v1 import (
     search_pb2,
 )
 from server.conversions import dict_to_struct
-from tests.harness import InProcessServer
+from testkit.harness import InProcessServer
 from tests.reliability.protogen import messages, mutations
 
 KEY = "fuzz-admin-key-0123456789abcdef"

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from ragplane.v1 import common_pb2, embed_pb2, index_pb2
-from tests.harness import SubprocessServer
+from testkit.harness import SubprocessServer
 
 pytestmark = pytest.mark.e2e
 

@@ -28,7 +28,7 @@ from hypothesis.stateful import (
 
 from ragplane.v1 import common_pb2, index_pb2, search_pb2
 from server.conversions import dict_to_struct, py_to_value
-from tests.harness import InProcessServer
+from testkit.harness import InProcessServer
 
 pytestmark = pytest.mark.e2e
 

@@ -6,9 +6,9 @@ import grpc
 import pytest
 import trustme
 
+from core.errors import InvalidArgument
 from ragplane.v1 import embed_pb2, embed_pb2_grpc
 from server.app import create_server
-from server.errors import InvalidArgument
 from server.settings import Settings
 
 pytestmark = pytest.mark.e2e

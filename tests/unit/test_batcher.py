@@ -6,9 +6,9 @@ import time
 import numpy as np
 import pytest
 
+from core.errors import ResourceExhausted
 from server.embedding.batcher import EmbedBatcher
 from server.embedding.fake import FakeEmbedder
-from server.errors import ResourceExhausted
 
 
 class CountingEmbedder(FakeEmbedder):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from core.errors import InvalidArgument
 from index.types import (
     CollectionInfo,
     Condition,
@@ -18,7 +19,6 @@ from index.types import (
     SearchResult,
 )
 from server import conversions as conv
-from server.errors import InvalidArgument
 
 
 def test_filter_round_trip_every_op():

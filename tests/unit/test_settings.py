@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.errors import InvalidArgument
+from core.errors import InvalidArgument
 from server.settings import Settings
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from core.errors import AlreadyExists, NotFound
 from index import Engine, Filter, IndexParams, IndexType, Metric, Record
 from index.types import Condition, FilterOp
-from server.errors import AlreadyExists, NotFound
 
 from .vectors import make_records, make_vectors, normalise
 

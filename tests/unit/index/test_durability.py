@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.errors import FailedPrecondition
 from index import Engine, IndexType, Metric, Record
 from index.faiss_index import checkpoint_files
-from server.errors import FailedPrecondition
 
 from .vectors import brute_force, make_records, make_vectors
 

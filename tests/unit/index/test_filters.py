@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from index import Filter, IndexType, Metric
-from index import engine as engine_mod
+from index import search as search_mod
 from index.types import Condition, FilterOp
 
 from .vectors import brute_force, make_records, make_vectors
@@ -173,8 +173,8 @@ def test_delete_by_filter_uses_same_semantics(filled):
 @pytest.mark.parametrize("selectivity", [0.001, 0.05, 0.3])
 def test_selective_filter_fills_top_k(engine, monkeypatch, kind, selectivity):
     # a small exact-scan threshold exercises the approximate path with a selector too
-    monkeypatch.setattr(engine_mod, "EXACT_SCAN_MAX", 20)
-    monkeypatch.setattr(engine_mod, "EXACT_SCAN_FRACTION", 0.002)
+    monkeypatch.setattr(search_mod, "EXACT_SCAN_MAX", 20)
+    monkeypatch.setattr(search_mod, "EXACT_SCAN_FRACTION", 0.002)
     n, dim, k = 5000, 16, 10
     x = make_vectors(n, dim, seed=7)
     every = int(1 / selectivity)

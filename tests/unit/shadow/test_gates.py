@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from server.errors import InvalidArgument
+from core.errors import InvalidArgument
 from server.shadow.config import Gates, parse_pair
 from server.shadow.evidence import EvidenceStore, evaluate_gates
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from server.errors import InvalidArgument
+from core.errors import InvalidArgument
 from server.shadow import config
 from server.shadow.config import Gates, discover_koder_toml
 from server.shadow.releases import FILE_NAME, ReleaseHistory, history_beside, record_from
 from server.shadow.types import ReleaseEvidence
-from tests.harness import ROOT
+from testkit.harness import ROOT
 
 G = Gates(min_samples=100, min_probes=20, min_timed_batches=30)
 

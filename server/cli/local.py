@@ -1,27 +1,19 @@
-"""The `ragplane` command: serve, config, admin (over gRPC), shadow, self-hosted."""
+"""`ragplane serve` and `ragplane config ...`: the commands that work on this machine's
+settings rather than on a running server."""
 
 from __future__ import annotations
 
 import os
-import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from server.errors import RagplaneError
+from core.errors import RagplaneError
+from server.cli.common import console, err
 from server.settings import Settings
 
-app = typer.Typer(
-    help="ragplane: embeddings, durable vector collections, search, agent memory.",
-    no_args_is_help=True,
-    add_completion=False,
-)
 config_app = typer.Typer(help="Inspect the effective settings.", no_args_is_help=True)
-app.add_typer(config_app, name="config")
-console = Console()
-err = Console(stderr=True)
 
 ConfigOpt = Annotated[str | None, typer.Option("--config", help="TOML settings file.")]
 SetOpt = Annotated[
@@ -40,7 +32,6 @@ def _settings(config: str | None, sets: list[str] | None, **flags) -> Settings:
     return Settings.load(overrides, config_file=config)
 
 
-@app.command()
 def serve(
     config: ConfigOpt = None,
     host: Annotated[str | None, typer.Option(help="Bind address.")] = None,
@@ -109,14 +100,3 @@ def config_show(
     for name, value in values.items():
         table.add_row(name, str(value), docs[name])
     console.print(table)
-
-
-def main() -> None:
-    app(prog_name="ragplane")
-
-
-# Sub-command groups register themselves on `app`; imported last, once `app` exists.
-from server import cli_admin  # noqa: E402, F401
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """`ragplane shadow record-release`: the live G1/G2 evidence of the shadow release a running
 server runs now becomes that release's entry in the committed release history
-(self-hosted-releases.json beside koder.toml), which G3 counts. Kept apart from
-cli_admin so the history's commands and rendering live in one place."""
+(self-hosted-releases.json beside koder.toml), which G3 counts. Kept apart from the
+other shadow commands so the history's commands and rendering live in one place."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Annotated
 
 import typer
 
+from core.errors import InvalidArgument, RagplaneError
 from ragplane.v1 import admin_pb2
-from server.cli_admin import _call, console, err, shadow_app
+from server.cli.common import call, console, err
 from server.conversions import release_evidence_from_pb
-from server.errors import InvalidArgument, RagplaneError
 from server.shadow.config import AUTO, PairConfig, discover_koder_toml, load_pairs
 from server.shadow.evidence import passes_g1, passes_g2
 from server.shadow.releases import (
@@ -28,7 +28,8 @@ from server.shadow.types import ReleaseEvidence
 EXIT_REFUSED = 3  # the evidence does not pass G1/G2 and --allow-failing was not given
 
 
-def _pairs(koder_toml: str) -> tuple[Path, dict[str, PairConfig]]:
+def find_pairs(koder_toml: str) -> tuple[Path, dict[str, PairConfig]]:
+    """The koder.toml to use (auto = discover as the server does) and its pairs."""
     try:
         path = discover_koder_toml(koder_toml or AUTO)
         if path is None:
@@ -60,8 +61,8 @@ def failing_reasons(ev: ReleaseEvidence, cfg: PairConfig) -> list[str]:
     return out
 
 
-@shadow_app.command("record-release")
 def record_release(
+    ctx: typer.Context,
     use_case: Annotated[str, typer.Argument()] = "embeddings",
     koder_toml: Annotated[
         str, typer.Option(help="The pairs (their gates judge the evidence); auto = discover.")
@@ -79,12 +80,12 @@ def record_release(
     """Record the running server's live evidence for USE_CASE's current shadow release in the
     release history (re-recording a version replaces its entry). Refused, exit 3, when the
     evidence fails G1 or G2 under koder.toml's gates, unless --allow-failing."""
-    path, pairs = _pairs(koder_toml)
+    path, pairs = find_pairs(koder_toml)
     cfg = pairs.get(use_case)
     if cfg is None:
         err.print(f"[bold red]error:[/] {path} declares no [self_hosted.{use_case}]")
         raise typer.Exit(2)
-    (case,) = _call("ShadowStatus", admin_pb2.ShadowStatusRequest(use_case=use_case)).cases
+    (case,) = call(ctx, "ShadowStatus", admin_pb2.ShadowStatusRequest(use_case=use_case)).cases
     if case.reason:
         err.print(f"[bold red]error:[/] the shadow of {use_case} does not run: {case.reason}")
         raise typer.Exit(2)

@@ -1,0 +1,117 @@
+"""What every part of the engine shares: the data directory, its lock, the SQLite
+connections and the registry of open collections.
+
+One writer connection guarded by `db_lock`; readers use one connection per thread (WAL
+lets them read while the writer commits).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+from core.errors import FailedPrecondition, NotFound, Unavailable
+from core.sqlite import connect
+from index.gpu import GpuCopies
+from index.state import Coll
+from index.store import DB_NAME
+from index.validate import check_name, is_name
+
+
+@contextmanager
+def data_dir_lock(path: Path, busy: str) -> Iterator[IO[str]]:
+    """Hold the data directory's LOCK file exclusively; FailedPrecondition(`busy`) if taken."""
+    lock = open(path / "LOCK", "a+")  # noqa: SIM115 - released below
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        raise FailedPrecondition(busy) from None
+    try:
+        yield lock
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
+
+
+class Context:
+    """Connections and collections of one open data directory. Thread-safe."""
+
+    def __init__(
+        self, data_dir: str | os.PathLike, checkpoint_every: int, gpu: GpuCopies | None = None
+    ) -> None:
+        self.dir = Path(data_dir)
+        self.gpu = gpu  # unfiltered flat searches run on GPU copies when set
+        self.idx_dir = self.dir / "indexes"
+        self.checkpoint_every = max(1, int(checkpoint_every))
+        self.db_path = self.dir / DB_NAME
+        self.db_lock = threading.Lock()
+        self.closed = False
+        self._conns: list[sqlite3.Connection] = []
+        self._conns_lock = threading.Lock()
+        self._local = threading.local()
+        self.reg_lock = threading.Lock()
+        self.colls: dict[tuple[str, str], Coll] = {}
+        self.writer = connect(self.db_path)
+
+    def reader(self) -> sqlite3.Connection:
+        """This thread's read connection."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            self.check_open()
+            conn = connect(self.db_path)
+            self._local.conn = conn
+            with self._conns_lock:
+                self._conns.append(conn)
+        return conn
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction on the writer connection; committed when the block ends."""
+        with self.db_lock:
+            self.check_open()
+            conn = self.writer
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise Unavailable("the index engine is closed")
+
+    def get(self, tenant: str, name: str) -> Coll:
+        self.check_open()
+        coll = self.colls.get((tenant, name))
+        if coll is None or coll.dropped:
+            if not is_name(name):
+                check_name(name)
+            raise NotFound(f"collection {name!r} does not exist; create it first or check the name")
+        return coll
+
+    def live(self, tenant: str | None = None) -> list[Coll]:
+        """Open collections (of `tenant`, or of everyone), sorted by (tenant, name)."""
+        colls = [
+            c
+            for (t, _), c in list(self.colls.items())
+            if not c.dropped and (tenant is None or t == tenant)
+        ]
+        return sorted(colls, key=lambda c: (c.tenant, c.name))
+
+    def close(self) -> None:
+        with self.db_lock:
+            self.closed = True
+            self.writer.close()
+        with self._conns_lock:
+            for c in self._conns:
+                c.close()
+            self._conns.clear()

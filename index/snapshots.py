@@ -1,0 +1,88 @@
+"""Consistent copies of a data directory, and restoring one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+from core.errors import FailedPrecondition, InvalidArgument
+from core.sqlite import connect
+from index import faiss_index as fx
+from index.checkpoints import checkpoint
+from index.context import Context, data_dir_lock
+from index.store import DB_NAME
+
+
+def _fsync_file(path: Path) -> int:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+        return os.fstat(f.fileno()).st_size
+
+
+def _prepare_dest(dest: Path) -> None:
+    if dest.exists() and not dest.is_dir():
+        raise InvalidArgument(f"snapshot target {dest.name!r} is a file; name a directory")
+    if dest.exists() and any(dest.iterdir()):
+        raise InvalidArgument(f"snapshot directory {dest.name!r} is not empty; pick a new one")
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # read-only, permission denied, a file on the path
+        raise FailedPrecondition(
+            f"cannot create snapshot directory {dest.name!r}: {e.strerror}"
+        ) from None
+
+
+def snapshot(ctx: Context, dest_dir: str | os.PathLike) -> int:
+    """Write a consistent copy of the store and index checkpoints to `dest_dir` (which
+    must be empty or absent). Writes may continue meanwhile. Returns bytes written."""
+    ctx.check_open()
+    dest = Path(dest_dir)
+    _prepare_dest(dest)
+    total = 0
+    # checkpoints first: each covers a seq the later database copy also covers, and seqs
+    # are never reused, so a restored index never holds a vector the store lacks
+    for coll in list(ctx.colls.values()):
+        checkpoint(coll)
+        with coll.ckpt_lock:
+            if coll.dir.is_dir():
+                out = dest / "indexes" / coll.dir.name
+                out.mkdir(parents=True, exist_ok=True)
+                for p in coll.dir.iterdir():
+                    if fx.parse_checkpoint_name(p.name):
+                        shutil.copyfile(p, out / p.name)
+                        total += _fsync_file(out / p.name)
+    # one backup step on a reader connection copies a single WAL snapshot of the
+    # database without holding the writer lock, so upserts continue meanwhile
+    source, target = connect(ctx.db_path), sqlite3.connect(dest / DB_NAME)
+    try:
+        source.backup(target, pages=-1)
+    finally:
+        target.close()
+        source.close()
+    total += _fsync_file(dest / DB_NAME)
+    fx.fsync_dir(dest)
+    return total
+
+
+def restore(snapshot_dir: str | os.PathLike, data_dir: str | os.PathLike) -> None:
+    """Replace `data_dir`'s contents with a snapshot. No Engine may have it open."""
+    src, dst = Path(snapshot_dir), Path(data_dir)
+    if not (src / DB_NAME).is_file():
+        raise InvalidArgument(f"{src.name!r} is not a snapshot: it has no {DB_NAME}")
+    dst.mkdir(parents=True, exist_ok=True)
+    busy = (
+        f"data directory {dst.name!r} is in use by a running Engine; stop it before restoring"
+    )
+    with data_dir_lock(dst, busy):
+        for suffix in ("", "-wal", "-shm"):
+            (dst / (DB_NAME + suffix)).unlink(missing_ok=True)
+        shutil.rmtree(dst / "indexes", ignore_errors=True)
+        if (src / "indexes").is_dir():
+            shutil.copytree(src / "indexes", dst / "indexes")
+        tmp = dst / (DB_NAME + ".restoring")
+        shutil.copyfile(src / DB_NAME, tmp)
+        _fsync_file(tmp)
+        os.replace(tmp, dst / DB_NAME)
+        fx.fsync_dir(dst)

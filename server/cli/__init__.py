@@ -1,0 +1,30 @@
+"""The `ragplane` command: serve, config, admin (over gRPC), shadow, self-hosted.
+
+Each module exports its own Typer app; this one only assembles them.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from server.cli.admin import admin_app
+from server.cli.local import config_app, serve
+from server.cli.shadow import self_hosted_app, shadow_app
+
+app = typer.Typer(
+    help="ragplane: embeddings, durable vector collections, search, agent memory.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.command()(serve)
+app.add_typer(config_app, name="config")
+app.add_typer(admin_app, name="admin")
+app.add_typer(shadow_app, name="shadow")
+app.add_typer(self_hosted_app, name="self-hosted")
+
+
+def main() -> None:
+    app(prog_name="ragplane")
+
+
+__all__ = ["app", "main"]
