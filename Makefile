@@ -46,8 +46,10 @@ protos-check: install tools ## fail if any generated code is stale
 	$(PY) scripts/gen_protos.py --check
 	VENV=$(VENV) bash clients/go/generate.sh --check
 
-lint: install ## ruff over our code (generated code excluded)
-	$(VENV)/bin/ruff check server index tests bench loadtest scripts
+lint: install ## ruff, the import-linter layer contracts and the size limits (generated code excluded)
+	$(VENV)/bin/ruff check core index server testkit tests bench loadtest scripts
+	$(VENV)/bin/lint-imports
+	$(PY) scripts/check_sizes.py
 
 test: install tools protos-check lint ## install everything and run every test (Python, Rust, Go)
 	VENV=$(VENV) bash scripts/run_tests.sh

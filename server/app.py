@@ -259,6 +259,28 @@ def create_server(
         options=options,
         maximum_concurrent_rpcs=settings.workers * 8,
     )
+    _add_services(server, runtime, settings)
+    address = f"{settings.host}:{settings.port}"
+    try:
+        if settings.tls_cert:
+            port = server.add_secure_port(address, _tls_credentials(settings))
+        else:
+            port = server.add_insecure_port(address)
+    except Exception:
+        runtime.close()
+        raise
+    if port == 0:
+        runtime.close()
+        raise InvalidArgument(f"cannot bind {address}; is another server using the port?")
+    runtime.metrics.attach(_Gauges(runtime))
+    if settings.metrics_port:
+        runtime.metrics_port = runtime.metrics.serve(settings.metrics_port, settings.host)
+        runtime.extras.append(runtime.metrics)
+    return server, port, runtime
+
+
+def _add_services(server: grpc.Server, runtime: Runtime, settings: Settings) -> None:
+    """Register every servicer, health (SERVING until shutdown) and reflection."""
     info = embed_pb2.InfoResponse(
         model=runtime.embedding.canonical.model,
         dim=runtime.embedding.dim,
@@ -294,23 +316,6 @@ def create_server(
         ],
         server,
     )
-    address = f"{settings.host}:{settings.port}"
-    try:
-        if settings.tls_cert:
-            port = server.add_secure_port(address, _tls_credentials(settings))
-        else:
-            port = server.add_insecure_port(address)
-    except Exception:
-        runtime.close()
-        raise
-    if port == 0:
-        runtime.close()
-        raise InvalidArgument(f"cannot bind {address}; is another server using the port?")
-    runtime.metrics.attach(_Gauges(runtime))
-    if settings.metrics_port:
-        runtime.metrics_port = runtime.metrics.serve(settings.metrics_port, settings.host)
-        runtime.extras.append(runtime.metrics)
-    return server, port, runtime
 
 
 class _Gauges:

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from ragplane.v1 import admin_pb2, index_pb2
-from server.cli.common import call, conn_of, connect, console, err, errors
+from server.cli.common import Conn, call, conn_of, connect, console, err, errors
 
 admin_app = typer.Typer(
     help="Operate a running server (needs a key with the admin scope).", no_args_is_help=True
@@ -111,21 +111,25 @@ def rebuild(
         reembed=reembed,
         min_recall=min_recall,
     )
-    if any(
-        getattr(params, f)
-        for f in (
-            "hnsw_m",
-            "hnsw_ef_construction",
-            "hnsw_ef_search",
-            "ivf_nlist",
-            "ivf_nprobe",
-            "pq_m",
-        )
-    ):
+    if any((hnsw_m, hnsw_ef_construction, hnsw_ef_search, ivf_nlist, ivf_nprobe, pq_m)):
         request.params.CopyFrom(params)
-    conn = conn_of(ctx)
-    last = None
     started = time.monotonic()
+    last = _follow_rebuild(conn_of(ctx), request)
+    if last is None:
+        err.print("[red]the server ended the rebuild without reporting progress[/]")
+        raise typer.Exit(1)
+    took = time.monotonic() - started
+    console.print(
+        f"[green]swapped[/] {collection} to generation {last.generation} "
+        f"(recall@10 {last.recall:.4f}) in {took:.1f}s"
+        if last.phase == "swapped"
+        else f"{last.phase}: {last.message}"
+    )
+
+
+def _follow_rebuild(conn: Conn, request: admin_pb2.RebuildRequest) -> Any:
+    """Stream the rebuild's progress into a bar; returns the last report (None if none)."""
+    last = None
     with (
         errors(conn),
         Progress(
@@ -149,16 +153,7 @@ def rebuild(
                 of=p.total,
             )
             last = p
-    if last is None:
-        err.print("[red]the server ended the rebuild without reporting progress[/]")
-        raise typer.Exit(1)
-    took = time.monotonic() - started
-    console.print(
-        f"[green]swapped[/] {collection} to generation {last.generation} "
-        f"(recall@10 {last.recall:.4f}) in {took:.1f}s"
-        if last.phase == "swapped"
-        else f"{last.phase}: {last.message}"
-    )
+    return last
 
 
 @admin_app.command()

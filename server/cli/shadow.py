@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import grpc
 import typer
 from rich.table import Table
 
 from ragplane.v1 import admin_pb2
-from server.cli.common import call, conn_of, connect, console, err
+from server.cli.common import Conn, call, conn_of, connect, console, err
 from server.cli.releases import find_pairs, record_release, registry_lines
 
 shadow_app = typer.Typer(help="Shadow embedders: evidence, gates, flip.", no_args_is_help=True)
@@ -120,19 +120,7 @@ def registry(
     if not pairs:
         err.print(f"[bold red]error:[/] {koder_path} declares no [self_hosted.<case>] pairs")
         raise typer.Exit(1)
-    conn = conn_of(ctx)
-    live: dict[str, admin_pb2.ShadowCase] = {}
-    source = f"live evidence from the server at {conn.addr}"
-    try:
-        r = conn.stub().ShadowStatus(
-            admin_pb2.ShadowStatusRequest(), timeout=conn.timeout, metadata=conn.metadata
-        )
-        live = {c.use_case: c for c in r.cases}
-    except grpc.RpcError as exc:
-        source = (
-            f"no live evidence: the server at {conn.addr} did not answer "
-            f"({exc.code().name}); declared pairs only"
-        )
+    live, source = _live_cases(conn_of(ctx))
     lines = [
         "# Self-hosted pairs",
         "",
@@ -151,50 +139,73 @@ def registry(
             f"{c.serving if c else '-'} | {('yes' if c.flip_eligible else 'no') if c else '-'} |"
         )
     for name, cfg in sorted(pairs.items()):
-        g = cfg.gates
-        lines += [
-            "",
-            f"## {name}",
-            "",
-            f"Gates: G1 min cosine >= {g.min_cosine}, mean >= {g.mean_cosine}, "
-            f"overlap@10 >= {g.min_overlap} (after {g.min_samples} vectors, "
-            f"{g.min_probes} probes); G2 time ratio upper bound <= {g.max_time_ratio} "
-            f"(after {g.min_timed_batches} timed batches); G3 {g.min_releases} releases.",
-            "",
-        ]
-        c = live.get(name)
-        if c is None:
-            lines.append("No evidence: the shadow is not running for this case on that server.")
-            continue
-        lines += ["| gate | result | value | still missing |", "| --- | --- | --- | --- |"]
-        lines += [
-            f"| {x.name} | {'pass' if x.passed else 'fail'} | {x.value} | {x.missing or '-'} |"
-            for x in c.gates
-        ]
-        if c.releases:
-            lines += [
-                "",
-                "| release | samples | cos min | cos p1 | cos mean | overlap@10 | probes | "
-                "time ratio | upper 95% | timed batches | A/A | errors | dropped |",
-                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-            ]
-            lines += [
-                f"| {r.shadow} | {r.samples} | {r.cosine_min:.6f} | {r.cosine_p1:.6f} | "
-                f"{r.cosine_mean:.7f} | {r.overlap_at_10:.3f} | {r.probes} | "
-                f"{r.time_ratio:.3f} | {r.time_ratio_upper:.3f} | {r.timed_batches} | "
-                f"{r.aa_time_ratio:.3f} | {r.errors} | {r.dropped} |"
-                for r in c.releases
-            ]
-        if c.history:
-            lines += ["", "Flip history:", ""]
-            lines += [
-                f"- {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(h.at))} {h.action} "
-                f"-> {h.serving}{' (forced)' if h.forced else ''}: {h.reason}"
-                for h in c.history
-            ]
+        lines += _case_section(name, cfg, live.get(name))
     lines += registry_lines(koder_path, pairs)
     out.write_text("\n".join(lines) + "\n")
     console.print(f"wrote {out} ({len(pairs)} pair(s); {source})")
+
+
+def _live_cases(conn: Conn) -> tuple[dict[str, admin_pb2.ShadowCase], str]:
+    """The server's shadow cases by use case (empty when it does not answer), and a line
+    saying where the evidence came from."""
+    try:
+        r = conn.stub().ShadowStatus(
+            admin_pb2.ShadowStatusRequest(), timeout=conn.timeout, metadata=conn.metadata
+        )
+    except grpc.RpcError as exc:
+        return {}, (
+            f"no live evidence: the server at {conn.addr} did not answer "
+            f"({exc.code().name}); declared pairs only"
+        )
+    return {c.use_case: c for c in r.cases}, f"live evidence from the server at {conn.addr}"
+
+
+def _case_section(name: str, cfg: Any, c: admin_pb2.ShadowCase | None) -> list[str]:
+    """The registry's markdown section of one declared pair."""
+    g = cfg.gates
+    lines = [
+        "",
+        f"## {name}",
+        "",
+        f"Gates: G1 min cosine >= {g.min_cosine}, mean >= {g.mean_cosine}, "
+        f"overlap@10 >= {g.min_overlap} (after {g.min_samples} vectors, "
+        f"{g.min_probes} probes); G2 time ratio upper bound <= {g.max_time_ratio} "
+        f"(after {g.min_timed_batches} timed batches); G3 {g.min_releases} releases.",
+        "",
+    ]
+    if c is None or c.reason:
+        lines.append(
+            "No evidence: the shadow is not running for this case on that server"
+            + (f" ({c.reason})." if c is not None else ".")
+        )
+        return lines
+    lines += ["| gate | result | value | still missing |", "| --- | --- | --- | --- |"]
+    lines += [
+        f"| {x.name} | {'pass' if x.passed else 'fail'} | {x.value} | {x.missing or '-'} |"
+        for x in c.gates
+    ]
+    if c.releases:
+        lines += [
+            "",
+            "| release | samples | cos min | cos p1 | cos mean | overlap@10 | probes | "
+            "time ratio | upper 95% | timed batches | A/A | errors | dropped |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| {r.shadow} | {r.samples} | {r.cosine_min:.6f} | {r.cosine_p1:.6f} | "
+            f"{r.cosine_mean:.7f} | {r.overlap_at_10:.3f} | {r.probes} | "
+            f"{r.time_ratio:.3f} | {r.time_ratio_upper:.3f} | {r.timed_batches} | "
+            f"{r.aa_time_ratio:.3f} | {r.errors} | {r.dropped} |"
+            for r in c.releases
+        ]
+    if c.history:
+        lines += ["", "Flip history:", ""]
+        lines += [
+            f"- {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(h.at))} {h.action} "
+            f"-> {h.serving}{' (forced)' if h.forced else ''}: {h.reason}"
+            for h in c.history
+        ]
+    return lines
 
 
 __all__ = ["self_hosted_app", "shadow_app"]

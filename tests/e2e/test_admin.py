@@ -40,6 +40,52 @@ def fill(stubs, name: str, n: int, seed: int = 0) -> None:
         )
 
 
+def _search_until(s, stop, failures: list[str], searches: list[int]) -> None:
+    """Search until `stop`, counting successes and recording every failure."""
+    rng = np.random.default_rng(1)
+    while not stop.is_set():
+        try:
+            r = s.search.Search(
+                search_pb2.SearchRequest(
+                    collection="big", vector=common_pb2.Vector(values=vec(rng)), top_k=10
+                ),
+                timeout=30,
+            )
+            assert r.returned_k == 10
+            searches[0] += 1
+        except Exception as exc:  # any failed request fails the test
+            failures.append(f"search: {exc!r}")
+
+def _upsert_until(s, stop, failures: list[str], acked: dict[str, list[float]]) -> None:
+    """Upsert batches of 20 until `stop`, recording what was acknowledged."""
+    rng = np.random.default_rng(2)
+    i = 0
+    while not stop.is_set():
+        batch = {f"live-{i + j}": vec(rng) for j in range(20)}
+        try:
+            s.index.Upsert(
+                index_pb2.UpsertRequest(
+                    collection="big",
+                    items=[common_pb2.Item(id=k, vector=v) for k, v in batch.items()],
+                ),
+                timeout=30,
+            )
+            acked.update(batch)
+        except Exception as exc:
+            failures.append(f"upsert: {exc!r}")
+        i += 20
+
+
+def _assert_each_finds_itself(s, sample: list[str], acked: dict[str, list[float]]) -> None:
+    for k in sample:
+        r = s.search.Search(
+            search_pb2.SearchRequest(
+                collection="big", vector=common_pb2.Vector(values=acked[k]), top_k=1
+            )
+        )
+        assert r.hits[0].id == k
+
+
 def test_rebuild_under_load_loses_nothing_then_rolls_back(tmp_path):
     srv = InProcessServer(tmp_path / "d")
     try:
@@ -51,40 +97,10 @@ def test_rebuild_under_load_loses_nothing_then_rolls_back(tmp_path):
         acked: dict[str, list[float]] = {}
         searches = [0]
 
-        def searcher() -> None:
-            rng = np.random.default_rng(1)
-            while not stop.is_set():
-                try:
-                    r = s.search.Search(
-                        search_pb2.SearchRequest(
-                            collection="big", vector=common_pb2.Vector(values=vec(rng)), top_k=10
-                        ),
-                        timeout=30,
-                    )
-                    assert r.returned_k == 10
-                    searches[0] += 1
-                except Exception as exc:  # any failed request fails the test
-                    failures.append(f"search: {exc!r}")
-
-        def upserter() -> None:
-            rng = np.random.default_rng(2)
-            i = 0
-            while not stop.is_set():
-                batch = {f"live-{i + j}": vec(rng) for j in range(20)}
-                try:
-                    s.index.Upsert(
-                        index_pb2.UpsertRequest(
-                            collection="big",
-                            items=[common_pb2.Item(id=k, vector=v) for k, v in batch.items()],
-                        ),
-                        timeout=30,
-                    )
-                    acked.update(batch)
-                except Exception as exc:
-                    failures.append(f"upsert: {exc!r}")
-                i += 20
-
-        threads = [threading.Thread(target=searcher), threading.Thread(target=upserter)]
+        threads = [
+            threading.Thread(target=_search_until, args=(s, stop, failures, searches)),
+            threading.Thread(target=_upsert_until, args=(s, stop, failures, acked)),
+        ]
         for t in threads:
             t.start()
         time.sleep(0.5)
@@ -113,23 +129,11 @@ def test_rebuild_under_load_loses_nothing_then_rolls_back(tmp_path):
             np.testing.assert_allclose(np.float32(it.vector), np.float32(acked[it.id]), atol=1e-6)
         # upserts made during the rebuild are searchable in the new generation
         sample = list(acked)[:: max(1, len(acked) // 20)]
-        for k in sample:
-            r = s.search.Search(
-                search_pb2.SearchRequest(
-                    collection="big", vector=common_pb2.Vector(values=acked[k]), top_k=1
-                )
-            )
-            assert r.hits[0].id == k
+        _assert_each_finds_itself(s, sample, acked)
         back = s.admin.Rollback(admin_pb2.RollbackRequest(collection="big"))
         assert back.generation == 1 and back.index_type == index_pb2.INDEX_TYPE_FLAT
         assert back.count == N + len(acked)
-        for k in sample:
-            r = s.search.Search(
-                search_pb2.SearchRequest(
-                    collection="big", vector=common_pb2.Vector(values=acked[k]), top_k=1
-                )
-            )
-            assert r.hits[0].id == k
+        _assert_each_finds_itself(s, sample, acked)
     finally:
         srv.stop()
 

@@ -48,6 +48,54 @@ def _log(tmp_path) -> str:
     return (tmp_path / "data.log").read_text(errors="replace")
 
 
+def _assert_new_calls_refused(srv) -> None:
+    """A new call, on a new connection or the old one, is refused while draining."""
+    fresh = grpc.insecure_channel(f"127.0.0.1:{srv.port}")
+    with pytest.raises(grpc.RpcError) as e:
+        fresh.unary_unary(
+            "/ragplane.v1.IndexService/ListCollections",
+            request_serializer=index_pb2.ListCollectionsRequest.SerializeToString,
+            response_deserializer=index_pb2.ListCollectionsResponse.FromString,
+        )(index_pb2.ListCollectionsRequest(), timeout=5)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    fresh.close()
+    with pytest.raises(grpc.RpcError) as e:
+        srv.stubs.index.ListCollections(index_pb2.ListCollectionsRequest(), timeout=5)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def _acked_upserts(upserts) -> tuple[list[str], list[str]]:
+    """(ids acknowledged, ids whose upsert the server may never have started)."""
+    acked, unsure = [], []
+    for k, f in enumerate(upserts):
+        try:
+            assert f.result().upserted == 1
+            acked.append(f"f{k}")
+        except grpc.RpcError as e:
+            assert e.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE), e
+            unsure.append(f"f{k}")
+    return acked, unsure
+
+
+def _assert_data_survived(srv, tmp_path, acked: list[str], unsure: list[str]) -> None:
+    """After a restart every item written before the signal and every acknowledged one is
+    there."""
+    srv.start()
+    try:
+        info = srv.stubs.index.DescribeCollection(index_pb2.DescribeCollectionRequest(name="g"))
+        got = srv.stubs.index.Get(
+            index_pb2.GetRequest(
+                collection="g", ids=["b0", "b49", *acked, *unsure], include_vectors=True
+            )
+        )
+        present = [i.id for i in got.items]
+        assert present[: 2 + len(acked)] == ["b0", "b49", *acked]
+        assert info.count == 50 + len(present) - 2
+        assert list(got.items[1].vector) == [50.0] * 8
+    finally:
+        assert _sigterm_and_wait(srv, tmp_path) == 0
+
+
 def test_sigterm_drains_in_flight_calls_refuses_new_ones_and_keeps_data(tmp_path):
     srv = SubprocessServer(tmp_path / "data", env={"PYTHONFAULTHANDLER": "1"})
     srv.start()
@@ -92,19 +140,7 @@ def test_sigterm_drains_in_flight_calls_refuses_new_ones_and_keeps_data(tmp_path
     assert in_flight, "the heavy calls finished before the signal; make them heavier"
     time.sleep(0.5)
 
-    # a new call, on a new connection or the old one, is refused
-    fresh = grpc.insecure_channel(f"127.0.0.1:{srv.port}")
-    with pytest.raises(grpc.RpcError) as e:
-        fresh.unary_unary(
-            "/ragplane.v1.IndexService/ListCollections",
-            request_serializer=index_pb2.ListCollectionsRequest.SerializeToString,
-            response_deserializer=index_pb2.ListCollectionsResponse.FromString,
-        )(index_pb2.ListCollectionsRequest(), timeout=5)
-    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-    fresh.close()
-    with pytest.raises(grpc.RpcError) as e:
-        s.index.ListCollections(index_pb2.ListCollectionsRequest(), timeout=5)
-    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    _assert_new_calls_refused(srv)
 
     # the stream that began before the signal is still served, chunk after chunk
     for _ in range(3):
@@ -119,14 +155,7 @@ def test_sigterm_drains_in_flight_calls_refuses_new_ones_and_keeps_data(tmp_path
     # An upsert that the server had not yet picked up when the signal came may be cancelled
     # (the client sent it, the server never started it); one that was acknowledged must
     # survive the restart below.
-    acked, unsure = [], []
-    for k, f in enumerate(upserts):
-        try:
-            assert f.result().upserted == 1
-            acked.append(f"f{k}")
-        except grpc.RpcError as e:
-            assert e.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE), e
-            unsure.append(f"f{k}")
+    acked, unsure = _acked_upserts(upserts)
     pool.shutdown()
 
     rc = srv.proc.wait(30)
@@ -139,17 +168,4 @@ def test_sigterm_drains_in_flight_calls_refuses_new_ones_and_keeps_data(tmp_path
     log = _log(tmp_path)
     assert "received SIGTERM" in log and "stopped cleanly" in log
 
-    srv.start()
-    try:
-        info = srv.stubs.index.DescribeCollection(index_pb2.DescribeCollectionRequest(name="g"))
-        got = srv.stubs.index.Get(
-            index_pb2.GetRequest(
-                collection="g", ids=["b0", "b49", *acked, *unsure], include_vectors=True
-            )
-        )
-        present = [i.id for i in got.items]
-        assert present[: 2 + len(acked)] == ["b0", "b49", *acked]
-        assert info.count == 50 + len(present) - 2
-        assert list(got.items[1].vector) == [50.0] * 8
-    finally:
-        assert _sigterm_and_wait(srv, tmp_path) == 0
+    _assert_data_survived(srv, tmp_path, acked, unsure)

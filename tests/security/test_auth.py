@@ -113,9 +113,9 @@ def test_read_key_cannot_write(keyed):
     assert info.count == 0
 
 
-def test_tenants_cannot_see_each_others_collections_or_memories(keyed):
-    srv, sk = keyed
-    s, a, b = srv.stubs, md(sk["a"]), md(sk["b"])
+def _seed_tenant_a(s, a, b) -> None:
+    """a owns "a-only" and "shared" (one secret item each) and a memory; b owns an empty
+    collection also named "shared"."""
     for name in ("a-only", "shared"):
         s.index.CreateCollection(index_pb2.CreateCollectionRequest(name=name), metadata=a)
         s.index.Upsert(
@@ -137,77 +137,80 @@ def test_tenants_cannot_see_each_others_collections_or_memories(keyed):
     # b has a collection of the same name: its own, empty
     s.index.CreateCollection(index_pb2.CreateCollectionRequest(name="shared"), metadata=b)
 
-    listed = s.index.ListCollections(index_pb2.ListCollectionsRequest(), metadata=b).collections
-    assert [c.name for c in listed] == ["shared"] and listed[0].count == 0
-    q = common_pb2.Vector(values=[0.1] * 64)
-    ids = common_pb2.IdList(ids=["secret-1"])
-    for name in ("a-only", "shared"):
-        if name == "a-only":
-            assert (
-                code(
-                    s.index.DescribeCollection,
-                    index_pb2.DescribeCollectionRequest(name=name),
-                    metadata=b,
-                )
-                == NOT_FOUND
-            )
-            assert (
-                code(
-                    s.index.Get, index_pb2.GetRequest(collection=name, ids=["secret-1"]), metadata=b
-                )
-                == NOT_FOUND
-            )
-            assert (
-                code(
-                    s.search.Search,
-                    search_pb2.SearchRequest(collection=name, vector=q, top_k=5),
-                    metadata=b,
-                )
-                == NOT_FOUND
-            )
-            assert (
-                code(
-                    s.search.Search,
-                    search_pb2.SearchRequest(collection=name, text="private", top_k=5),
-                    metadata=b,
-                )
-                == NOT_FOUND
-            )
-            assert (
-                code(
-                    s.index.Upsert,
-                    index_pb2.UpsertRequest(
-                        collection=name, items=[common_pb2.Item(id="z", text="x")]
-                    ),
-                    metadata=b,
-                )
-                == NOT_FOUND
-            )
-            assert (
-                code(s.index.Delete, index_pb2.DeleteRequest(collection=name, ids=ids), metadata=b)
-                == NOT_FOUND
-            )
-            assert (
-                code(
-                    s.index.DeleteCollection,
-                    index_pb2.DeleteCollectionRequest(name=name),
-                    metadata=b,
-                )
-                == NOT_FOUND
-            )
-        else:
-            got = s.index.Get(index_pb2.GetRequest(collection=name, ids=["secret-1"]), metadata=b)
-            assert list(got.items) == []
-            hits = s.search.Search(
-                search_pb2.SearchRequest(collection=name, vector=q, top_k=5), metadata=b
-            )
-            assert list(hits.hits) == []
-            assert (
-                s.index.Delete(
-                    index_pb2.DeleteRequest(collection=name, ids=ids), metadata=b
-                ).deleted
-                == 0
-            )
+
+def _assert_invisible(s, b, name: str, q, ids) -> None:
+    """Every call of b's on a's collection `name` answers NOT_FOUND."""
+    assert (
+        code(
+            s.index.DescribeCollection,
+            index_pb2.DescribeCollectionRequest(name=name),
+            metadata=b,
+        )
+        == NOT_FOUND
+    )
+    assert (
+        code(
+            s.index.Get, index_pb2.GetRequest(collection=name, ids=["secret-1"]), metadata=b
+        )
+        == NOT_FOUND
+    )
+    assert (
+        code(
+            s.search.Search,
+            search_pb2.SearchRequest(collection=name, vector=q, top_k=5),
+            metadata=b,
+        )
+        == NOT_FOUND
+    )
+    assert (
+        code(
+            s.search.Search,
+            search_pb2.SearchRequest(collection=name, text="private", top_k=5),
+            metadata=b,
+        )
+        == NOT_FOUND
+    )
+    assert (
+        code(
+            s.index.Upsert,
+            index_pb2.UpsertRequest(
+                collection=name, items=[common_pb2.Item(id="z", text="x")]
+            ),
+            metadata=b,
+        )
+        == NOT_FOUND
+    )
+    assert (
+        code(s.index.Delete, index_pb2.DeleteRequest(collection=name, ids=ids), metadata=b)
+        == NOT_FOUND
+    )
+    assert (
+        code(
+            s.index.DeleteCollection,
+            index_pb2.DeleteCollectionRequest(name=name),
+            metadata=b,
+        )
+        == NOT_FOUND
+    )
+
+
+def _assert_own_collection_is_empty(s, b, name: str, q, ids) -> None:
+    """b's collection of the same name as a's shows none of a's items."""
+    got = s.index.Get(index_pb2.GetRequest(collection=name, ids=["secret-1"]), metadata=b)
+    assert list(got.items) == []
+    hits = s.search.Search(
+        search_pb2.SearchRequest(collection=name, vector=q, top_k=5), metadata=b
+    )
+    assert list(hits.hits) == []
+    assert (
+        s.index.Delete(
+            index_pb2.DeleteRequest(collection=name, ids=ids), metadata=b
+        ).deleted
+        == 0
+    )
+
+
+def _assert_memories_isolated(s, a, b) -> None:
     ns = "notes"
     assert (
         code(s.memory.Recall, memory_pb2.RecallRequest(namespace=ns, query="password"), metadata=b)
@@ -233,6 +236,19 @@ def test_tenants_cannot_see_each_others_collections_or_memories(keyed):
         memory_pb2.ListMemoriesRequest(namespace=ns), metadata=a
     ).memories
     assert [m.text for m in theirs] == ["a's password hint"]
+
+
+def test_tenants_cannot_see_each_others_collections_or_memories(keyed):
+    srv, sk = keyed
+    s, a, b = srv.stubs, md(sk["a"]), md(sk["b"])
+    _seed_tenant_a(s, a, b)
+    listed = s.index.ListCollections(index_pb2.ListCollectionsRequest(), metadata=b).collections
+    assert [c.name for c in listed] == ["shared"] and listed[0].count == 0
+    q = common_pb2.Vector(values=[0.1] * 64)
+    ids = common_pb2.IdList(ids=["secret-1"])
+    _assert_invisible(s, b, "a-only", q, ids)
+    _assert_own_collection_is_empty(s, b, "shared", q, ids)
+    _assert_memories_isolated(s, a, b)
 
 
 def test_a_tenant_name_cannot_reach_the_memory_space(keyed):
