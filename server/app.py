@@ -130,8 +130,8 @@ def build_runtime(
         search_max_batch=settings.search_max_batch,
     )
     keys = KeyStore(data_dir / "keys.db")
-    if settings.bootstrap_admin_key:
-        keys.ensure(settings.bootstrap_admin_key, DEFAULT_TENANT, SCOPES, "bootstrap admin key")
+    if bootstrap := settings.bootstrap_admin_key.get_secret_value():
+        keys.ensure(bootstrap, DEFAULT_TENANT, SCOPES, "bootstrap admin key")
     memory = MemoryService(
         engine,
         embedding,

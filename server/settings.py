@@ -1,32 +1,72 @@
-"""One frozen, typed settings object, built once at start-up.
+"""One frozen, typed settings object, built once at start-up (pydantic-settings).
 
 Sources, later wins: field defaults < an optional TOML file (`--config`, or
-RAGPLANE_CONFIG) < RAGPLANE_<FIELD> environment variables < command-line flags.
-Each field says why it matters. Secrets are redacted by `redacted()`.
+RAGPLANE_CONFIG; a [ragplane] table or top-level keys) < RAGPLANE_<FIELD> environment
+variables < command-line flags. Each field says why it matters. Secrets are SecretStr, so
+they never show in repr or logs, and `redacted()` masks them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+from pydantic_settings.sources.utils import parse_env_vars
 
 from core.errors import InvalidArgument
 
 ENV_PREFIX = "RAGPLANE_"
 _SECRET_FIELDS = frozenset({"bootstrap_admin_key"})
+# What `load()` reads: (environment, TOML file or None). Unset: plain construction reads
+# the process environment.
+_LOADING: ContextVar[tuple[Mapping[str, str], Path | None] | None] = ContextVar(
+    "_LOADING", default=None
+)
 
 
 def _doc(text: str, **kw: Any) -> Any:
-    return field(metadata={"doc": text}, **kw)
+    return Field(description=text, **kw)
 
 
-@dataclass(frozen=True)
-class Settings:
+class _Env(EnvSettingsSource):
+    """RAGPLANE_* variables from a given mapping (the process environment by default)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        self._env = env
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(self._env, self.case_sensitive, self.env_ignore_empty)
+
+
+class _Toml(TomlConfigSettingsSource):
+    """A TOML settings file: the [ragplane] table, or the top level when there is none."""
+
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
+        try:
+            data = tomllib.loads(Path(file_path).read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidArgument(f"config file {file_path} is not valid TOML: {exc}") from None
+        return data.get("ragplane", data)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="forbid", case_sensitive=False
+    )
+
     host: str = _doc(
         "Address to bind. Without API keys the server refuses anything but loopback.",
         default="127.0.0.1",
@@ -116,14 +156,29 @@ class Settings:
         "PEM CA bundle; when set, clients must present a certificate it signed (mTLS).",
         default="",
     )
-    bootstrap_admin_key: str = _doc(
+    bootstrap_admin_key: SecretStr = _doc(
         "A key with tenant 'default' and every scope, created at start if missing, so the "
         "first admin can create others. Secret.",
-        default="",
+        default=SecretStr(""),
     )
     metrics_port: int = _doc("Prometheus /metrics HTTP port; 0 = off.", default=0)
     log_json: bool = _doc("One JSON object per log line (for log shippers).", default=False)
     log_level: str = _doc("DEBUG | INFO | WARNING | ERROR.", default="INFO")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        env, toml = _LOADING.get() or (os.environ, None)
+        sources: list[PydanticBaseSettingsSource] = [init_settings, _Env(settings_cls, env)]
+        if toml is not None:
+            sources.append(_Toml(settings_cls, toml_file=toml))
+        return tuple(sources)
 
     @classmethod
     def load(
@@ -133,39 +188,40 @@ class Settings:
         env: Mapping[str, str] | None = None,
         config_file: str | os.PathLike[str] | None = None,
     ) -> Settings:
+        """Settings from flags (`overrides`), RAGPLANE_* variables of `env` (the process
+        environment by default) and the TOML file, in that order of precedence."""
         env = os.environ if env is None else env
-        values: dict[str, Any] = {}
         config_file = config_file or env.get(ENV_PREFIX + "CONFIG") or None
-        if config_file:
-            path = Path(config_file)
-            try:
-                data = tomllib.loads(path.read_text())
-            except FileNotFoundError:
-                raise InvalidArgument(f"config file {path} does not exist") from None
-            except tomllib.TOMLDecodeError as exc:
-                raise InvalidArgument(f"config file {path} is not valid TOML: {exc}") from None
-            values.update(data.get("ragplane", data))
-        for f in fields(cls):
-            raw = env.get(ENV_PREFIX + f.name.upper())
-            if raw is not None:
-                values[f.name] = raw
-        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-        return cls.from_mapping(values)
+        path = Path(config_file) if config_file else None
+        if path is not None and not path.is_file():
+            raise InvalidArgument(f"config file {path} does not exist")
+        token = _LOADING.set((env, path))
+        try:
+            return _translated(
+                lambda: cls(**{k: v for k, v in (overrides or {}).items() if v is not None})
+            )
+        finally:
+            _LOADING.reset(token)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> Settings:
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise InvalidArgument(
-                f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
-        typed = {name: _coerce(name, known[name].type, v) for name, v in values.items()}
-        settings = cls(**typed)
-        settings.validate()
-        return settings
+        """Settings from `values` and defaults only (no environment, no file)."""
+        token = _LOADING.set(({}, None))
+        try:
+            return _translated(lambda: cls(**values))
+        finally:
+            _LOADING.reset(token)
 
-    def validate(self) -> None:
+    @field_validator("*", mode="before")
+    @classmethod
+    def _empty_is_false(cls, value: Any, info: Any) -> Any:
+        # An empty RAGPLANE_<FLAG>= has always meant false.
+        if value == "" and cls.model_fields[info.field_name].annotation in (bool, "bool"):
+            return False
+        return value
+
+    @model_validator(mode="after")
+    def validate_values(self) -> Settings:
         if not 0 <= self.port <= 65535:
             raise InvalidArgument(f"port {self.port} is out of range 0..65535")
         if self.embedder not in ("auto", "sentence-transformers", "onnx", "embedder_rs", "fake"):
@@ -181,38 +237,43 @@ class Settings:
             raise InvalidArgument("tls_cert and tls_key must be given together")
         if not 0.0 < self.memory_dedup_threshold <= 1.0:
             raise InvalidArgument("memory_dedup_threshold must be in (0, 1]")
+        return self
 
     def replace(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
+        return self.from_mapping({**self._plain(), **changes})
 
-    def redacted(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+    def _plain(self) -> dict[str, Any]:
+        out = self.model_dump()
         for name in _SECRET_FIELDS:
-            if out.get(name):
-                out[name] = "***"
+            out[name] = out[name].get_secret_value()
         return out
 
-    @staticmethod
-    def docs() -> dict[str, str]:
-        return {f.name: f.metadata.get("doc", "") for f in fields(Settings)}
+    def redacted(self) -> dict[str, Any]:
+        out = self.model_dump()
+        for name in _SECRET_FIELDS:
+            out[name] = "***" if out[name].get_secret_value() else ""
+        return out
+
+    @classmethod
+    def docs(cls) -> dict[str, str]:
+        return {name: f.description or "" for name, f in cls.model_fields.items()}
 
 
-def _coerce(name: str, type_name: Any, value: Any) -> Any:
-    kind = type_name if isinstance(type_name, str) else type_name.__name__
+def _translated(build: Any) -> Settings:
+    """Run `build`, turning pydantic's validation errors into one InvalidArgument that
+    names the setting."""
     try:
-        if kind == "bool":
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text in ("1", "true", "yes", "on"):
-                return True
-            if text in ("0", "false", "no", "off", ""):
-                return False
-            raise ValueError(value)
-        if kind == "int":
-            return int(value)
-        if kind == "float":
-            return float(value)
-        return str(value)
-    except (TypeError, ValueError):
-        raise InvalidArgument(f"setting {name}={value!r} is not a valid {kind}") from None
+        return build()
+    except ValidationError as exc:
+        errors = exc.errors()
+        unknown = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
+        if unknown:
+            known = ", ".join(sorted(Settings.model_fields))
+            raise InvalidArgument(
+                f"unknown setting(s) {', '.join(unknown)}; known: {known}"
+            ) from None
+        e = errors[0]
+        name = str(e["loc"][0]) if e["loc"] else "?"
+        field = Settings.model_fields.get(name)
+        kind = getattr(field.annotation, "__name__", field.annotation) if field else "value"
+        raise InvalidArgument(f"setting {name}={e.get('input')!r} is not a valid {kind}") from None
