@@ -116,13 +116,7 @@ def build_runtime(
         batch_max_wait_s=settings.batch_max_wait_ms / 1000.0,
         queue_texts=settings.embed_queue_texts,
     )
-    use_gpu = settings.faiss_gpu != "off" and faiss_gpu_available()
-    if settings.faiss_gpu == "on" and not use_gpu:
-        raise InvalidArgument(
-            "faiss_gpu=on but FAISS has no GPU support or sees no GPU; install the [gpu] "
-            "extra (make install-gpu) on a CUDA machine, or set faiss_gpu=auto"
-        )
-    engine = Engine(data_dir, checkpoint_every=settings.checkpoint_every, use_gpu=use_gpu)
+    engine = _open_engine(settings, data_dir)
     collections = CollectionService(
         engine,
         embedding,
@@ -164,6 +158,16 @@ def build_runtime(
         runtime.shadow = shadow
         runtime.extras.append(shadow)
     return runtime
+
+
+def _open_engine(settings: Settings, data_dir: Path) -> Engine:
+    use_gpu = settings.faiss_gpu != "off" and faiss_gpu_available()
+    if settings.faiss_gpu == "on" and not use_gpu:
+        raise InvalidArgument(
+            "faiss_gpu=on but FAISS has no GPU support or sees no GPU; install the [gpu] "
+            "extra (make install-gpu) on a CUDA machine, or set faiss_gpu=auto"
+        )
+    return Engine(data_dir, checkpoint_every=settings.checkpoint_every, use_gpu=use_gpu)
 
 
 def _build_shadow(
