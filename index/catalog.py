@@ -34,15 +34,14 @@ def create(
     rparams = fx.resolve_params(kind, dim, params)
     now = time.time()
     with ctx.reg_lock:
-        existing = ctx.colls.get((tenant, name))
-        if existing is not None and not existing.dropped:
+        if ctx.find(tenant, name) is not None:
             raise AlreadyExists(
                 f"collection {name!r} already exists; pick another name or delete it first"
             )
         with ctx.tx() as c:
             coll_id = repo.insert_collection(
-                c, tenant, name, dim, metric.value, params, index_type, kind, rparams, embedder,
-                now,
+                c, tenant, ctx.kind, name, dim, metric.value, params, index_type, kind, rparams,
+                embedder, now,
             )
         coll = Coll(
             id=coll_id,
@@ -59,8 +58,9 @@ def create(
             kind=kind,
             rparams=rparams,
             index=fx.new_index(kind, dim, metric, rparams),
+            purpose=ctx.kind,
         )
-        ctx.colls[(tenant, name)] = coll
+        ctx.register(coll)
     return info(coll)
 
 
@@ -72,7 +72,7 @@ def delete(ctx: Context, tenant: str, name: str) -> None:
                 repo.delete_collection(c, coll.id)
             with coll.rw.write():
                 coll.dropped = True
-            del ctx.colls[(tenant, name)]
+            ctx.unregister(coll)
     with coll.ckpt_lock:
         shutil.rmtree(coll.dir, ignore_errors=True)
 

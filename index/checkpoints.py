@@ -16,7 +16,7 @@ from index import faiss_index as fx
 from index import repository as repo
 from index.context import Context
 from index.state import Coll, params_from
-from index.types import IndexParams, IndexType, Metric
+from index.types import IndexParams, IndexType, Kind, Metric
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,12 @@ def recover(ctx: Context) -> None:
             generation=row[8],
             created_at=row[9],
             dir=ctx.idx_dir / str(row[0]),
+            purpose=Kind(row[10]),
         )
         keep_dirs.add(coll.dir.name)
         _clean_generation_files(ctx, coll)
         load_active(ctx, coll)
-        ctx.colls[(coll.tenant, coll.name)] = coll
+        ctx.register(coll)
     for p in ctx.idx_dir.iterdir():
         if p.name not in keep_dirs:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)

@@ -7,6 +7,7 @@ lets them read while the writer commits).
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import os
 import sqlite3
@@ -21,6 +22,7 @@ from core.sqlite import connect
 from index.gpu import GpuCopies
 from index.state import Coll
 from index.store import DB_NAME
+from index.types import Kind
 from index.validate import check_name, is_name
 
 
@@ -47,18 +49,29 @@ class Context:
         self, data_dir: str | os.PathLike, checkpoint_every: int, gpu: GpuCopies | None = None
     ) -> None:
         self.dir = Path(data_dir)
+        self.kind = Kind.COLLECTION  # the kind of collection get/live/find/register see
         self.gpu = gpu  # unfiltered flat searches run on GPU copies when set
         self.idx_dir = self.dir / "indexes"
         self.checkpoint_every = max(1, int(checkpoint_every))
         self.db_path = self.dir / DB_NAME
         self.db_lock = threading.Lock()
-        self.closed = False
+        self._closed = threading.Event()  # an Event, so views of other kinds share it
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
         self._local = threading.local()
         self.reg_lock = threading.Lock()
-        self.colls: dict[tuple[str, str], Coll] = {}
+        self._colls: dict[tuple[str, str, str], Coll] = {}  # (tenant, kind, name)
         self.writer = connect(self.db_path)
+
+    def of_kind(self, kind: Kind) -> Context:
+        """A view of the same store that sees the collections of `kind`."""
+        view = copy.copy(self)
+        view.kind = Kind(kind)
+        return view
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
 
     def reader(self) -> sqlite3.Connection:
         """This thread's read connection."""
@@ -89,10 +102,25 @@ class Context:
         if self.closed:
             raise Unavailable("the index engine is closed")
 
+    def find(self, tenant: str, name: str) -> Coll | None:
+        """The open collection of this kind, or None (also when it is being dropped)."""
+        coll = self._colls.get((tenant, self.kind, name))
+        return None if coll is None or coll.dropped else coll
+
+    def register(self, coll: Coll) -> None:
+        self._colls[(coll.tenant, coll.purpose, coll.name)] = coll
+
+    def unregister(self, coll: Coll) -> None:
+        del self._colls[(coll.tenant, coll.purpose, coll.name)]
+
+    def all(self) -> list[Coll]:
+        """Every open collection of every kind (checkpoints, snapshots, close)."""
+        return list(self._colls.values())
+
     def get(self, tenant: str, name: str) -> Coll:
         self.check_open()
-        coll = self.colls.get((tenant, name))
-        if coll is None or coll.dropped:
+        coll = self.find(tenant, name)
+        if coll is None:
             if not is_name(name):
                 check_name(name)
             raise NotFound(f"collection {name!r} does not exist; create it first or check the name")
@@ -102,14 +130,14 @@ class Context:
         """Open collections (of `tenant`, or of everyone), sorted by (tenant, name)."""
         colls = [
             c
-            for (t, _), c in list(self.colls.items())
-            if not c.dropped and (tenant is None or t == tenant)
+            for (t, k, _), c in list(self._colls.items())
+            if not c.dropped and k == self.kind and (tenant is None or t == tenant)
         ]
         return sorted(colls, key=lambda c: (c.tenant, c.name))
 
     def close(self) -> None:
         with self.db_lock:
-            self.closed = True
+            self._closed.set()
             self.writer.close()
         with self._conns_lock:
             for c in self._conns:

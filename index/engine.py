@@ -11,10 +11,12 @@ derived from the store (`index.checkpoints`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +26,16 @@ from index.gpu import GpuCopies, faiss_gpu_available
 from index.progress import RebuildProgress
 from index.state import Coll
 from index.store import init_schema
-from index.types import CollectionInfo, Filter, IndexParams, IndexType, Metric, Record, SearchResult
+from index.types import (
+    CollectionInfo,
+    Filter,
+    IndexParams,
+    IndexType,
+    Kind,
+    Metric,
+    Record,
+    SearchResult,
+)
 from index.validate import MAX_TOP_K
 
 log = logging.getLogger(__name__)
@@ -59,15 +70,22 @@ class Engine:
 
     @property
     def _colls(self) -> dict[tuple[str, str], Coll]:
-        """The open collections (white-box tests read their FAISS indexes)."""
-        return self._ctx.colls
+        """The open collections of this kind (white-box tests read their FAISS indexes)."""
+        return {(c.tenant, c.name): c for c in self._ctx.live()}
+
+    def of_kind(self, kind: Kind) -> Engine:
+        """This engine, seeing the collections of `kind` (the default is Kind.COLLECTION):
+        names of different kinds never collide. A view: close the Engine, not it."""
+        view = copy.copy(self)
+        view._ctx = self._ctx.of_kind(kind)
+        return view
 
     # ------------------------------------------------------------------ lifecycle
 
     def checkpoint(self) -> None:
         """Checkpoint every collection's index now."""
         self._ctx.check_open()
-        for coll in list(self._ctx.colls.values()):
+        for coll in self._ctx.all():
             checkpoints.checkpoint(coll)
 
     def close(self) -> None:
@@ -75,7 +93,7 @@ class Engine:
         if self._ctx.closed:
             return
         try:
-            for coll in list(self._ctx.colls.values()):
+            for coll in self._ctx.all():
                 try:
                     checkpoints.checkpoint(coll)
                 except Exception:  # a failed checkpoint only costs catch-up time at next open
@@ -157,6 +175,21 @@ class Engine:
     def iter_records(self, tenant: str, name: str, batch: int = 1024) -> Iterator[list[Record]]:
         """Live records with vectors in a stable (write) order, `batch` at a time."""
         return reads.iter_records(self._ctx, tenant, name, batch)
+
+    def page(
+        self,
+        tenant: str,
+        name: str,
+        *,
+        order_by: str,
+        after: tuple[Any, str] | None = None,
+        limit: int,
+        filter: Filter | None = None,
+    ) -> list[Record]:
+        """Up to `limit` live records matching `filter` (without vectors), ordered by the
+        metadata field `order_by` (dotted), then id; `after` is the (value, id) of the last
+        record of the previous page. Paged in SQL: a page costs its own size."""
+        return reads.page(self._ctx, tenant, name, order_by, after, limit, filter)
 
     def count_matching(self, tenant: str, name: str, filter: Filter | None) -> int:
         """How many live items match `filter` (all live items when None or empty)."""

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from core.errors import InvalidArgument
 from index import repository as repo
 from index.context import Context
-from index.filters import compile_filter
+from index.filters import compile_filter, field_path
 from index.state import Coll
 from index.types import Filter, Record
 from index.validate import check_ids
@@ -58,6 +59,19 @@ def iter_records(ctx: Context, tenant: str, name: str, batch: int) -> Iterator[l
             )
             for r in rows
         ]
+
+
+def page(
+    ctx: Context, tenant: str, name: str, order_by: str, after: tuple[Any, str] | None,
+    limit: int, filter: Filter | None,
+) -> list[Record]:
+    """See `Engine.page`."""
+    coll = ctx.get(tenant, name)
+    if limit <= 0:
+        raise InvalidArgument("limit must be positive")
+    where, args = compile_filter(filter)
+    rows = repo.page_by(ctx.reader(), coll.id, field_path(order_by), after, limit, where, args)
+    return [Record(id=r[0], vector=None, text=r[1], metadata=json.loads(r[2])) for r in rows]
 
 
 def count_matching(ctx: Context, tenant: str, name: str, filter: Filter | None) -> int:

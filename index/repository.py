@@ -42,18 +42,19 @@ def fail_unfinished_builds(c: Conn) -> None:
 def collection_rows(c: Conn) -> list[tuple]:
     return c.execute(
         "SELECT id, tenant, name, dim, metric, index_type, embedder, params, generation, "
-        "created_at FROM collections"
+        "created_at, kind FROM collections"
     ).fetchall()
 
 
 def insert_collection(
-    c: Conn, tenant: str, name: str, dim: int, metric: str, requested: IndexParams,
+    c: Conn, tenant: str, purpose: str, name: str, dim: int, metric: str, requested: IndexParams,
     index_type: IndexType, kind: IndexType, resolved: IndexParams, embedder: str, now: float,
 ) -> int:
     coll_id = c.execute(
-        "INSERT INTO collections (tenant, name, dim, metric, index_type, embedder, params, "
-        "generation, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?)",
-        (tenant, name, dim, metric, index_type.value, embedder, params_json(requested), now),
+        "INSERT INTO collections (tenant, kind, name, dim, metric, index_type, embedder, params, "
+        "generation, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?)",
+        (tenant, purpose, name, dim, metric, index_type.value, embedder, params_json(requested),
+         now),
     ).lastrowid
     c.execute(
         "INSERT INTO generations (coll_id, generation, index_type, built_kind, params, "
@@ -353,6 +354,26 @@ def items_page(c: Conn, coll_id: int, after: int, limit: int) -> list[tuple]:
         "WHERE coll_id = ? AND deleted = 0 AND seq > ? ORDER BY seq LIMIT ?",
         (coll_id, after, limit),
     ).fetchall()
+
+
+def page_by(
+    c: Conn, coll_id: int, path: str, after: tuple[Any, str] | None, limit: int,
+    where: str, args: Sequence[Any],
+) -> list[tuple]:
+    """(item_id, text, metadata JSON) of up to `limit` live rows matching `where`, ordered by
+    the metadata value at JSON `path`, then id, starting after `after` = (value, id)."""
+    key = "json_extract(metadata, ?)"
+    sql = (
+        "SELECT item_id, text, metadata FROM items "
+        f"WHERE coll_id = ? AND deleted = 0 AND ({where})"
+    )
+    params: list[Any] = [coll_id, *args]
+    if after is not None:
+        sql += f" AND ({key} > ? OR ({key} = ? AND item_id > ?))"
+        params += [path, after[0], path, after[0], after[1]]
+    sql += f" ORDER BY {key}, item_id LIMIT ?"
+    params += [path, limit]
+    return c.execute(sql, params).fetchall()
 
 
 def matching_seqs(c: Conn, coll_id: int, where: str, args: Sequence[Any]) -> np.ndarray:

@@ -43,7 +43,7 @@ def snapshot(ctx: Context, dest_dir: str | os.PathLike) -> int:
     total = 0
     # checkpoints first: each covers a seq the later database copy also covers, and seqs
     # are never reused, so a restored index never holds a vector the store lacks
-    for coll in list(ctx.colls.values()):
+    for coll in ctx.all():
         checkpoint(coll)
         with coll.ckpt_lock:
             if coll.dir.is_dir():

@@ -22,7 +22,7 @@ import numpy as np
 
 from core.errors import FailedPrecondition
 from index import faiss_index as fx
-from index.types import IndexParams, IndexType, Metric
+from index.types import IndexParams, IndexType, Kind, Metric
 
 
 class RWLock:
@@ -78,6 +78,7 @@ class Coll:
     created_at: float
     dir: Path
     kind: IndexType = IndexType.FLAT  # what the FAISS index is
+    purpose: Kind = Kind.COLLECTION  # which namespace of the tenant the name lives in
     rparams: IndexParams = field(default_factory=IndexParams)  # resolved for `kind`
     index: Any = None
     indexed_seq: int = 0  # every committed row of this collection up to here is indexed

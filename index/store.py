@@ -15,6 +15,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
     tenant      TEXT    NOT NULL,
+    kind        TEXT    NOT NULL DEFAULT 'collection',  -- collection | memory (index.types.Kind)
     name        TEXT    NOT NULL,
     dim         INTEGER NOT NULL,
     metric      TEXT    NOT NULL,
@@ -23,7 +24,7 @@ CREATE TABLE IF NOT EXISTS collections (
     params      TEXT    NOT NULL,   -- IndexParams as requested (JSON)
     generation  INTEGER NOT NULL,   -- the active generation
     created_at  REAL    NOT NULL,
-    UNIQUE (tenant, name)
+    UNIQUE (tenant, kind, name)
 );
 CREATE TABLE IF NOT EXISTS items (
     seq       INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -65,5 +66,61 @@ CREATE TABLE IF NOT EXISTS prev_vectors (
 """
 
 
+SCHEMA_VERSION = 1  # PRAGMA user_version of a store this code wrote or upgraded
+
+# Version 0 kept memory namespaces as collections of a made-up tenant "memory:<tenant>".
+# Version 1 gives them their own kind; the UNIQUE constraint changes, so SQLite needs the
+# table rebuilt. Ids are kept (items, generations and index directories refer to them), and
+# so is the AUTOINCREMENT high-water mark, so a dropped collection's id is never reused.
+_MIGRATE_V1 = """
+BEGIN IMMEDIATE;
+CREATE TABLE collections_v1 (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant      TEXT    NOT NULL,
+    kind        TEXT    NOT NULL DEFAULT 'collection',
+    name        TEXT    NOT NULL,
+    dim         INTEGER NOT NULL,
+    metric      TEXT    NOT NULL,
+    index_type  TEXT    NOT NULL,
+    embedder    TEXT    NOT NULL,
+    params      TEXT    NOT NULL,
+    generation  INTEGER NOT NULL,
+    created_at  REAL    NOT NULL,
+    UNIQUE (tenant, kind, name)
+);
+INSERT INTO collections_v1 (id, tenant, kind, name, dim, metric, index_type, embedder, params,
+                            generation, created_at)
+SELECT id,
+       CASE WHEN substr(tenant, 1, 7) = 'memory:' THEN substr(tenant, 8) ELSE tenant END,
+       CASE WHEN substr(tenant, 1, 7) = 'memory:' THEN 'memory' ELSE 'collection' END,
+       name, dim, metric, index_type, embedder, params, generation, created_at
+FROM collections;
+CREATE TEMP TABLE seq_v0 AS SELECT seq FROM sqlite_sequence WHERE name = 'collections';
+DROP TABLE collections;
+ALTER TABLE collections_v1 RENAME TO collections;
+DELETE FROM sqlite_sequence WHERE name = 'collections';
+INSERT INTO sqlite_sequence (name, seq)
+SELECT 'collections', MAX(COALESCE((SELECT seq FROM seq_v0), 0),
+                          COALESCE((SELECT MAX(id) FROM collections), 0));
+DROP TABLE seq_v0;
+PRAGMA user_version = 1;
+COMMIT;
+"""
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
+
 def init_schema(conn: sqlite3.Connection) -> None:
+    """Create the tables of a new store, or upgrade an older store in place."""
+    cols = _columns(conn, "collections")
+    if cols and "kind" not in cols:
+        try:
+            conn.executescript(_MIGRATE_V1)
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
     conn.executescript(SCHEMA)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -20,6 +20,13 @@ class Metric(enum.StrEnum):
     L2 = "l2"  # score = -squared euclidean distance (higher is better everywhere)
 
 
+class Kind(enum.StrEnum):
+    """What a stored collection is for. Each kind has its own names per tenant."""
+
+    COLLECTION = "collection"  # a tenant's vector collection (IndexService)
+    MEMORY = "memory"  # a memory namespace of a tenant (MemoryService)
+
+
 class IndexType(enum.StrEnum):
     FLAT = "flat"
     HNSW = "hnsw"

@@ -122,10 +122,8 @@ class AdminOps:
             shutil.copy2(snapshot_dir / "keys.db", data_dir / "keys.db")
 
     def user_collections(self) -> list[CollectionInfo]:
-        """Every tenant's collections, without the ones that hold memory namespaces."""
-        return [
-            c for c in self.engine.list_all_collections() if not c.tenant.startswith("memory:")
-        ]
+        """Every tenant's collections (memory namespaces are a kind of their own)."""
+        return self.engine.list_all_collections()
 
     def status(self) -> Status:
         return Status(

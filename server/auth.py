@@ -114,8 +114,9 @@ class KeyStore:
         if not tenant or len(tenant) > 128:
             raise InvalidArgument("tenant must be 1..128 characters")
         if ":" in tenant:
-            # memory lives in the engine tenant "memory:<tenant>"; a tenant named
-            # "memory:x" would own tenant x's memories as plain collections
+            # stores written before memory namespaces had a kind of their own kept them
+            # under the tenant "memory:<tenant>", which their upgrade maps back to <tenant>;
+            # a tenant named "memory:x" could have reached tenant x's memories there
             raise InvalidArgument(f"tenant {tenant!r} may not contain ':'")
         bad = [s for s in scopes if s not in SCOPES]
         if bad or not scopes:

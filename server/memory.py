@@ -1,7 +1,8 @@
 """Agent memory: namespaced facts, deduplicated on write, recalled by a combined score.
 
-Built on the index engine: each namespace is a flat cosine collection of the tenant's
-memory space, so memories are as durable as collections (SQLite first, FAISS derived).
+Built on the index engine: each namespace is a flat cosine collection of kind "memory"
+(`index.Kind.MEMORY`) of the tenant, so memories are as durable as collections (SQLite
+first, FAISS derived) and never show among the tenant's collections.
 System fields live under the reserved metadata key ``__rp``.
 
 Recall score (documented in the API): a weighted mean of three parts,
@@ -21,7 +22,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import re
 import threading
 import time
 import uuid
@@ -31,7 +31,8 @@ from typing import Any
 
 from core.errors import InvalidArgument, NotFound
 from index import Engine
-from index.types import Condition, Filter, FilterOp, IndexType, Metric, Record
+from index.types import Condition, Filter, FilterOp, IndexType, Kind, Metric, Record
+from index.validate import check_name
 from server import auth
 from server.embedding.service import EmbeddingService
 
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 
 RESERVED = "__rp"
 NEVER = 253402300799.0  # 9999-12-31: "never expires" as a number filters can compare
-_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 MAX_PAGE = 1000
 
 
@@ -75,6 +75,7 @@ class MemoryService:
     clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
+        self._store = self.engine.of_kind(Kind.MEMORY)
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._stop = threading.Event()
@@ -84,15 +85,11 @@ class MemoryService:
 
     @staticmethod
     def _space() -> str:
-        return f"memory:{auth.current.get().tenant}"
+        return auth.current.get().tenant
 
     @staticmethod
     def _check_namespace(namespace: str) -> None:
-        if not _NAMESPACE_RE.match(namespace or ""):
-            raise InvalidArgument(
-                f"namespace {namespace!r} is invalid: use 1-128 characters of letters, digits, "
-                "'_', '.' and '-'"
-            )
+        check_name(namespace, "namespace")
 
     def _lock(self, space: str, namespace: str) -> threading.Lock:
         with self._locks_guard:
@@ -100,7 +97,7 @@ class MemoryService:
 
     def _exists(self, space: str, namespace: str) -> bool:
         try:
-            self.engine.describe(space, namespace)
+            self._store.describe(space, namespace)
             return True
         except NotFound:
             return False
@@ -160,7 +157,7 @@ class MemoryService:
         with self._lock(space, namespace):
             now = self.clock()
             if not self._exists(space, namespace):
-                self.engine.create_collection(
+                self._store.create_collection(
                     space,
                     namespace,
                     dim=self.embedding.dim,
@@ -168,7 +165,7 @@ class MemoryService:
                     index_type=IndexType.FLAT,
                     embedder=self.embedding.serving_embedder().identity,
                 )
-            hits = self.engine.search(
+            hits = self._store.search(
                 space,
                 namespace,
                 vec,
@@ -187,7 +184,7 @@ class MemoryService:
                     "updated_at": now,
                     "expires_at": expires,
                 }
-                self.engine.upsert(
+                self._store.upsert(
                     space, namespace, [Record(old.id, vec, text, {**merged, RESERVED: sys})]
                 )
                 return old.id, True
@@ -198,7 +195,7 @@ class MemoryService:
                 "updated_at": now,
                 "expires_at": expires,
             }
-            self.engine.upsert(
+            self._store.upsert(
                 space, namespace, [Record(mid, vec, text, {**metadata, RESERVED: sys})]
             )
             return mid, False
@@ -232,7 +229,7 @@ class MemoryService:
             must_not=filter.must_not if filter else (),
         )
         k = min(max(10 * top_k, 100), 10_000)
-        hits = self.engine.search(
+        hits = self._store.search(
             space, namespace, vec, k, filter=live, include_text=True, include_metadata=True
         )[0].hits
         w = self.weights
@@ -261,8 +258,8 @@ class MemoryService:
         self._require(space, namespace)
         if everything:
             with self._lock(space, namespace):
-                n = self.engine.describe(space, namespace).count
-                self.engine.delete_collection(space, namespace)
+                n = self._store.describe(space, namespace).count
+                self._store.delete_collection(space, namespace)
             return n
         if ids is None and (filter is None or filter.is_empty()):
             raise InvalidArgument(
@@ -271,7 +268,7 @@ class MemoryService:
         if ids is not None and not ids:
             raise InvalidArgument("ids is empty; name at least one id")
         with self._lock(space, namespace):
-            return self.engine.delete(space, namespace, ids=ids, filter=filter)
+            return self._store.delete(space, namespace, ids=ids, filter=filter)
 
     def list(
         self, namespace: str, page_size: int = 50, page_token: str = ""
@@ -289,20 +286,17 @@ class MemoryService:
                 after = (float(created), str(mid))
             except (ValueError, TypeError):
                 raise InvalidArgument("page_token is not one this server issued") from None
-        now = self.clock()
-        items = []
-        for batch in self.engine.iter_records(space, namespace):
-            for r in batch:
-                m = self._to_memory(namespace, r)
-                if m.expires_at and m.expires_at <= now:
-                    continue
-                key = (m.created_at, m.id)
-                if after is None or key > after:
-                    items.append(m)
-        items.sort(key=lambda m: (m.created_at, m.id))
-        page = items[:page_size]
+        rows = self._store.page(
+            space,
+            namespace,
+            order_by=f"{RESERVED}.created_at",
+            after=after,
+            limit=page_size + 1,
+            filter=Filter(must=(self._live(self.clock()),)),
+        )
+        page = [self._to_memory(namespace, r) for r in rows[:page_size]]
         token = ""
-        if len(items) > page_size:
+        if len(rows) > page_size:
             last = page[-1]
             token = base64.urlsafe_b64encode(
                 json.dumps([last.created_at, last.id]).encode()
@@ -316,11 +310,9 @@ class MemoryService:
         now = self.clock()
         expired = Filter(must=(Condition(f"{RESERVED}.expires_at", FilterOp.LTE, now),))
         removed = 0
-        for info in self.engine.list_all_collections():
-            if not info.tenant.startswith("memory:"):
-                continue
+        for info in self._store.list_all_collections():
             try:
-                removed += self.engine.delete(info.tenant, info.name, filter=expired)
+                removed += self._store.delete(info.tenant, info.name, filter=expired)
             except NotFound:  # forgotten meanwhile
                 continue
         if removed:
@@ -339,9 +331,7 @@ class MemoryService:
         self._sweeper.start()
 
     def count(self) -> int:
-        return sum(
-            i.count for i in self.engine.list_all_collections() if i.tenant.startswith("memory:")
-        )
+        return sum(i.count for i in self._store.list_all_collections())
 
     def close(self) -> None:
         self._stop.set()
