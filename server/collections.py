@@ -17,7 +17,7 @@ import numpy as np
 from core.errors import FailedPrecondition, InvalidArgument
 from index import Engine
 from index.types import CollectionInfo, Filter, IndexParams, IndexType, Metric, Record, SearchResult
-from index.validate import MAX_TOP_K
+from index.validate import check_top_k, query_vectors
 from server import auth
 from server.embedding.service import EmbeddingService
 from server.search_batcher import SearchCoalescer
@@ -152,8 +152,7 @@ class CollectionService:
         identity = ""
         if text is None and vector is None:
             raise InvalidArgument("Search needs a query: set text or vector")
-        if not 0 < top_k <= MAX_TOP_K:
-            raise InvalidArgument(f"top_k must be in 1..{MAX_TOP_K}, got {top_k}")
+        check_top_k(top_k)
         info = self.engine.describe(tenant, name)
         if text is not None:
             if not text.strip():
@@ -162,12 +161,11 @@ class CollectionService:
             result = self.embedding.embed([text], is_active=is_active)
             vector, identity = result.vectors[0], result.embedder
         assert vector is not None
-        if vector.ndim != 1 or vector.shape[0] != info.dim:
-            raise InvalidArgument(
-                f"query vector has {vector.size} values; collection {name!r} has dim {info.dim}"
-            )
-        if not np.isfinite(vector).all():
-            raise InvalidArgument("query vector contains NaN or infinity")
+        if vector.ndim != 1:
+            raise InvalidArgument(f"query vector must be one vector, got shape {vector.shape}")
+        # checked here, not only in the engine: a bad query must fail alone, before the
+        # coalescer batches it with other callers' searches
+        query_vectors(vector, info.dim, info.metric, name)
         res = self.searches.search(
             tenant,
             name,
