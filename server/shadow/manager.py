@@ -10,6 +10,7 @@ canonical — so throughput is compared on identical batches with an A/A noise f
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -91,7 +92,7 @@ class ShadowManager:
                 case.experiment = Experiment(
                     name,
                     candidate=lambda texts, control, c=case: self._candidate(c, texts, control),
-                    compare=self._compare,
+                    compare=functools.partial(self._compare, min_cosine=cfg.gates.min_cosine),
                     publisher=_Publisher(self, case),
                     sample_rate=cfg.sample_rate,
                     run_if=lambda _texts: not busy(),
@@ -153,10 +154,11 @@ class ShadowManager:
         return shadow_vecs, canon_vecs, (t1 - t0, t2 - t1, t3 - t2)
 
     @staticmethod
-    def _compare(control: np.ndarray, candidate: np.ndarray):
+    def _compare(control: np.ndarray, candidate: np.ndarray, *, min_cosine: float):
+        """Per-row cosine, and whether the batch holds the case's G1 floor."""
         a, b = l2_normalize(np.asarray(control)), l2_normalize(np.asarray(candidate))
         cos = np.clip(np.sum(a * b, axis=1, dtype=np.float64), -1.0, 1.0)
-        return cos, bool(cos.min() >= 0.9999)
+        return cos, bool(cos.min() >= min_cosine)
 
     def _publish(self, case: _Case, result: Result) -> None:
         case.g1 = None
