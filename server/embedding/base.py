@@ -48,6 +48,17 @@ def identity_of(e: Embedder) -> str:
     return f"{e.name}@{e.version}"
 
 
+class Identified:
+    """`identity` from `name` and `version`, the same way for every embedder."""
+
+    name: str
+    version: str
+
+    @property
+    def identity(self) -> str:
+        return identity_of(self)  # type: ignore[arg-type]
+
+
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     """Row-wise L2 normalisation; zero rows stay zero. float32 in, float32 out."""
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)

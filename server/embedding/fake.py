@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from server.embedding.base import l2_normalize
+from server.embedding.base import Identified, l2_normalize
 
 
-class FakeEmbedder:
+class FakeEmbedder(Identified):
     name = "fake"
     model = "fake-hash"
     device = "cpu"
@@ -30,9 +30,6 @@ class FakeEmbedder:
         self.delay_s = delay_s  # to simulate a slow model in tests
         self._cache: dict[str, np.ndarray] = {}
 
-    @property
-    def identity(self) -> str:
-        return f"{self.name}@{self.version}"
 
     def _word(self, word: str) -> np.ndarray:
         vec = self._cache.get(word)

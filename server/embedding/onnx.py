@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from server.embedding.base import l2_normalize
-from server.embedding.st import default_model_dir
+from server.embedding.base import Identified, l2_normalize
+from server.embedding.model_files import default_model_dir
 from server.embedding.tokens import TokenCounter
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def export_onnx(model_dir: Path, target: Path) -> None:
         os.replace(out, target)
 
 
-class OnnxEmbedder:
+class OnnxEmbedder(Identified):
     name = "onnx"
     family = "sentence-transformers"  # a canonical backend: same weights, same vectors
 
@@ -140,9 +140,6 @@ class OnnxEmbedder:
     def _probe_dim(self) -> int:
         return int(self._run(["x"]).shape[1])
 
-    @property
-    def identity(self) -> str:
-        return f"{self.name}@{self.version}"
 
     def _run(self, texts: Sequence[str]) -> np.ndarray:
         enc = self._tok.encode_batch(list(texts))

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from server.embedding.st import default_model_dir
+from server.embedding.base import Identified
+from server.embedding.model_files import default_model_dir
 from server.embedding.tokens import TokenCounter
 
 
-class RustEmbedder:
+class RustEmbedder(Identified):
     name = "embedder_rs"
 
     def __init__(
@@ -40,9 +41,6 @@ class RustEmbedder:
         self.model = path.name if path.name != "model" else "all-MiniLM-L6-v2"
         self._tokens = TokenCounter(path, max_seq_length)
 
-    @property
-    def identity(self) -> str:
-        return f"{self.name}@{self.version}"
 
     def embed(self, texts: Sequence[str], normalize: bool = True) -> np.ndarray:
         try:

