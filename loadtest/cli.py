@@ -25,6 +25,7 @@ import grpc
 from locust.env import Environment
 from locust.log import setup_logging
 from locust.stats import StatsEntry
+from locust.util.timespan import parse_timespan
 
 from loadtest import fixtures
 from loadtest.grpc_user import API_KEY_ENV
@@ -37,20 +38,15 @@ EXIT_OK, EXIT_FAILURES, EXIT_USAGE = 0, 1, 2
 
 
 def parse_duration(text: str) -> float:
-    """ "30s", "2m", "1m30s", "45" -> seconds."""
-    total, num = 0.0, ""
-    units = {"h": 3600, "m": 60, "s": 1}
-    for ch in text.strip():
-        if ch.isdigit() or ch == ".":
-            num += ch
-        elif ch in units and num:
-            total, num = total + float(num) * units[ch], ""
-        else:
-            raise argparse.ArgumentTypeError(f"bad duration {text!r}; use e.g. 30s, 2m, 1m30s")
-    total += float(num) if num else 0.0
+    """ "30s", "2m", "1m30s", "45" -> seconds, as Locust's own --run-time reads them."""
+    try:
+        total = parse_timespan(text.strip())
+    except ValueError:
+        msg = f"bad duration {text!r}; use e.g. 30s, 2m, 1m30s"
+        raise argparse.ArgumentTypeError(msg) from None
     if total <= 0:
         raise argparse.ArgumentTypeError(f"duration must be > 0, got {text!r}")
-    return total
+    return float(total)
 
 
 def loopback_target(text: str) -> str:

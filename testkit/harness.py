@@ -113,17 +113,28 @@ class InProcessServer:
 class SubprocessServer:
     """`ragplane serve` in a child process, for SIGKILL and SIGTERM tests."""
 
-    def __init__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *extra: str,
+        env: dict[str, str] | None = None,
+        embedder: str = "fake",
+    ) -> None:
         self.data_dir = data_dir
         self.extra = extra
+        self.embedder = embedder
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir.parent / f"{self.data_dir.name}.log"
+
     def start(self, timeout: float = 60.0) -> None:
         port_file = self.data_dir.parent / f"{self.data_dir.name}.port"
         port_file.unlink(missing_ok=True)
-        self.log = open(self.data_dir.parent / f"{self.data_dir.name}.log", "ab")  # noqa: SIM115
+        self.log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -135,7 +146,7 @@ class SubprocessServer:
                 "--data-dir",
                 str(self.data_dir),
                 "--embedder",
-                "fake",
+                self.embedder,
                 "--set",
                 f"port_file={port_file}",
                 "--set",
@@ -155,7 +166,7 @@ class SubprocessServer:
                 return
             if self.proc.poll() is not None:
                 self.log.close()
-                log = (self.data_dir.parent / f"{self.data_dir.name}.log").read_text()[-3000:]
+                log = self.log_path.read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log}")
             time.sleep(0.05)
         raise TimeoutError("server did not start")
@@ -174,3 +185,13 @@ class SubprocessServer:
         self.stubs.close()
         self.log.close()
         return rc
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (a graceful drain), SIGKILL if it takes longer than `timeout`; no-op
+        when the server is not running."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            self.terminate(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
