@@ -5,6 +5,7 @@ SIGTERM/SIGINT and stops gracefully (drains in-flight calls for `grace_seconds`)
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import signal
@@ -73,14 +74,12 @@ class Runtime:
     shadow: ShadowManager | None = None
     metrics: Metrics = field(default_factory=Metrics)
     metrics_port: int = 0
-    extras: list = field(default_factory=list)  # more closables (memory sweeper, shadow)
+    health: _HealthOff | None = None  # set by create_server
+    # what to close, in reverse order of creation; idempotent
+    closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def close(self) -> None:
-        for x in reversed(self.extras):
-            x.close()
-        self.embedding.close()
-        self.engine.close()
-        self.keys.close()
+        self.closing.close()
 
 
 def build_runtime(
@@ -89,6 +88,21 @@ def build_runtime(
     embedder: Embedder | None = None,
     clock: Callable[[], float] = time.time,
     shadow_embedders: dict[str, Embedder] | None = None,
+) -> Runtime:
+    """Every service of a server, ready to serve. What was opened is closed again when
+    building fails part way (the data directory's lock among it)."""
+    with contextlib.ExitStack() as stack:
+        runtime = _assemble(stack, settings, embedder, clock, shadow_embedders)
+        runtime.closing = stack.pop_all()
+        return runtime
+
+
+def _assemble(
+    stack: contextlib.ExitStack,
+    settings: Settings,
+    embedder: Embedder | None,
+    clock: Callable[[], float],
+    shadow_embedders: dict[str, Embedder] | None,
 ) -> Runtime:
     data_dir = Path(settings.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -116,7 +130,8 @@ def build_runtime(
         batch_max_wait_s=settings.batch_max_wait_ms / 1000.0,
         queue_texts=settings.embed_queue_texts,
     )
-    engine = _open_engine(settings, data_dir)
+    stack.callback(embedding.close)
+    engine = stack.enter_context(_open_engine(settings, data_dir))
     collections = CollectionService(
         engine,
         embedding,
@@ -124,6 +139,7 @@ def build_runtime(
         search_max_batch=settings.search_max_batch,
     )
     keys = KeyStore(data_dir / "keys.db")
+    stack.callback(keys.close)
     if bootstrap := settings.bootstrap_admin_key.get_secret_value():
         keys.ensure(bootstrap, DEFAULT_TENANT, SCOPES, "bootstrap admin key")
     memory = MemoryService(
@@ -135,11 +151,11 @@ def build_runtime(
     )
     memory.sweep()  # memories that expired while the server was down
     memory.start_sweeper(settings.memory_sweep_seconds)
+    stack.callback(memory.close)
     admin = AdminOps(engine, embedding, memory, keys, data_dir=data_dir, started_at=time.time())
     runtime = Runtime(
         settings, engine, embedding, collections, keys, memory, admin, metrics=metrics
     )
-    runtime.extras.append(memory)
     shadow = _build_shadow(
         settings,
         pairs,
@@ -156,7 +172,7 @@ def build_runtime(
         collections.set_compatibility(shadow.compatible)
         admin.shadow = shadow
         runtime.shadow = shadow
-        runtime.extras.append(shadow)
+        stack.callback(shadow.close)
     return runtime
 
 
@@ -279,7 +295,7 @@ def create_server(
     runtime.metrics.attach(_Gauges(runtime))
     if settings.metrics_port:
         runtime.metrics_port = runtime.metrics.serve(settings.metrics_port, settings.host)
-        runtime.extras.append(runtime.metrics)
+        runtime.closing.callback(runtime.metrics.close)
     return server, port, runtime
 
 
@@ -311,7 +327,8 @@ def _add_services(server: grpc.Server, runtime: Runtime, settings: Settings) -> 
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ["", *services]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    runtime.extras.append(_HealthOff(health_servicer))
+    runtime.health = _HealthOff(health_servicer)
+    runtime.closing.callback(runtime.health.close)
     reflection.enable_server_reflection(
         [
             *services,
@@ -402,9 +419,8 @@ def serve(settings: Settings) -> None:
     # sleep through a signal that the kernel delivered to one of gRPC's threads.
     while not stop.wait(0.5):
         pass
-    for x in runtime.extras:
-        if isinstance(x, _HealthOff):
-            x.close()
+    if runtime.health is not None:
+        runtime.health.close()
     server.stop(settings.grace_seconds).wait()
     runtime.close()
     log.info("stopped cleanly")
