@@ -81,6 +81,19 @@ def _batches(texts: list[str], size: int) -> list[list[str]]:
     return [texts[i : i + size] for i in range(0, len(texts), size)]
 
 
+def _time_pair(a: Any, b: Any, batches: list[list[str]], rounds: int) -> tuple[float, float]:
+    """Seconds `a` and `b` spend on the same batches, `rounds` times, order alternating."""
+    spent = [0.0, 0.0]
+    for r in range(rounds):
+        for i, batch in enumerate(batches):
+            order = (r + i) % 2
+            for side in (order, 1 - order):
+                t0 = time.perf_counter()
+                (a, b)[side](batch)
+                spent[side] += time.perf_counter() - t0
+    return spent[0], spent[1]
+
+
 def run_benchmark(
     model_dir: str | Path | None = None,
     rounds: int = 3,
@@ -127,19 +140,7 @@ def run_benchmark(
         for size in batch_sizes:
             n = min(TEXTS_PER_CASE.get(size, 32 * size), len(texts))
             batches = _batches(texts[:n], size)
-            t_rust = 0.0
-            t_canon = 0.0
-            for r in range(rounds):
-                for i, batch in enumerate(batches):
-                    order = (r + i) % 2
-                    for side in (order, 1 - order):
-                        t0 = time.perf_counter()
-                        if side == 0:
-                            rust.embed(batch)
-                            t_rust += time.perf_counter() - t0
-                        else:
-                            run_canonical(batch)
-                            t_canon += time.perf_counter() - t0
+            t_rust, t_canon = _time_pair(rust.embed, run_canonical, batches, rounds)
             total = n * rounds
             row = {
                 "kind": kind,

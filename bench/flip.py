@@ -28,6 +28,7 @@ import tempfile
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 from bench.common import ROOT, Server, start_server
 from ragplane.v1 import (
@@ -183,14 +184,8 @@ def main() -> int:
     return code
 
 
-def _demo(srv: Server, gates: dict, args: argparse.Namespace) -> int:
-    ch = srv.channel()
-    embed = embed_pb2_grpc.EmbedServiceStub(ch)
-    index = index_pb2_grpc.IndexServiceStub(ch)
-    search = search_pb2_grpc.SearchServiceStub(ch)
-    texts = corpus(4000)
-    docs = texts[:200]
-
+def _fill_docs(index: index_pb2_grpc.IndexServiceStub, docs: list[str]) -> Any:
+    """Collection "docs" holding `docs` (ids = their positions), embedded by the server."""
     index.CreateCollection(index_pb2.CreateCollectionRequest(name="docs"), timeout=60)
     for i in range(0, len(docs), 50):
         index.Upsert(
@@ -203,7 +198,18 @@ def _demo(srv: Server, gates: dict, args: argparse.Namespace) -> int:
             ),
             timeout=300,
         )
-    info = index.DescribeCollection(index_pb2.DescribeCollectionRequest(name="docs"))
+    return index.DescribeCollection(index_pb2.DescribeCollectionRequest(name="docs"))
+
+
+def _demo(srv: Server, gates: dict, args: argparse.Namespace) -> int:
+    ch = srv.channel()
+    embed = embed_pb2_grpc.EmbedServiceStub(ch)
+    index = index_pb2_grpc.IndexServiceStub(ch)
+    search = search_pb2_grpc.SearchServiceStub(ch)
+    texts = corpus(4000)
+    docs = texts[:200]
+
+    info = _fill_docs(index, docs)
     print(f"1. collection docs: {info.count} passages embedded by {info.embedder} (canonical)")
 
     print("2. traffic: Embed calls of real text until the server decides")

@@ -30,6 +30,7 @@ import platform  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -96,7 +97,7 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _model_dir(given: str) -> Path:
     if given or os.environ.get("RAGPLANE_MODEL_DIR"):
         return Path(given or os.environ["RAGPLANE_MODEL_DIR"])
-    from server.embedding.st import default_model_dir
+    from server.embedding.model_files import default_model_dir
 
     return default_model_dir()
 
@@ -108,17 +109,38 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+@dataclass
+class _Run:
+    """What the phases of one run share: the paths under test and their inputs."""
+
+    args: argparse.Namespace
+    report: dict[str, Any]
+    model_dir: Path
+    paths: dict[str, Callable[[list[str]], np.ndarray]] = field(default_factory=dict)
+    objs: dict[str, Any] = field(default_factory=dict)
+    corpora: dict[str, list[str]] = field(default_factory=dict)
+
+    def unpack(self) -> tuple:
+        n_big = max(max(self.args.batches) * self.args.batches_per_cell, 64)
+        a = self.args
+        return a, self.report, self.paths, self.objs, self.corpora, a.device, self.model_dir, n_big
+
+
 def run_phases(args: argparse.Namespace, report: dict[str, Any] | None = None) -> dict[str, Any]:
-    from bench.bench_embedder_rs import _passages, _short_texts
-
     report = {} if report is None else report
-    paths: dict[str, Callable[[list[str]], np.ndarray]] = {}
-    objs: dict[str, Any] = {}
-    model_dir = _model_dir(args.model_dir)
-    dev = args.device
-    n_big = max(max(args.batches) * args.batches_per_cell, 64)
-    corpora: dict[str, list[str]] = {}
+    run = _Run(args, report, _model_dir(args.model_dir))
+    _phase_environment(run)
+    _phase_load(run)
+    if not run.paths:
+        return report
+    for phase in (_phase_parity, _phase_throughput, _phase_token_budget, _phase_breakdown):
+        phase(run)
+    _phase_served(run)
+    return report
 
+
+def _phase_environment(run: _Run) -> None:
+    args, report, paths, objs, corpora, dev, model_dir, n_big = run.unpack()
     with Phase("environment", 60, report) as ph:
         import tokenizers
         import torch
@@ -140,6 +162,11 @@ def run_phases(args: argparse.Namespace, report: dict[str, Any] | None = None) -
             ph.data["gpu"] = torch.cuda.get_device_name(0)
             ph.data["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
 
+
+def _phase_load(run: _Run) -> None:
+    from bench.bench_embedder_rs import _passages, _short_texts
+
+    args, report, paths, objs, corpora, dev, model_dir, n_big = run.unpack()
     with Phase("load", args.phase_seconds, report) as ph:
         import sentence_transformers
         from sentence_transformers import SentenceTransformer
@@ -189,9 +216,9 @@ def run_phases(args: argparse.Namespace, report: dict[str, Any] | None = None) -
                 fn(texts[:256])
                 fn(texts[:1])
 
-    if not paths:
-        return report
 
+def _phase_parity(run: _Run) -> None:
+    args, report, paths, objs, corpora, dev, model_dir, n_big = run.unpack()
     with Phase("parity", args.phase_seconds, report) as ph:
         texts = corpora["short"][:512] + corpora["passages"][:512]
         ref = paths["new32"](texts)
@@ -205,6 +232,9 @@ def run_phases(args: argparse.Namespace, report: dict[str, Any] | None = None) -
                 }
                 ph.check()
 
+
+def _phase_throughput(run: _Run) -> None:
+    args, report, paths, objs, corpora, dev, model_dir, n_big = run.unpack()
     with Phase("throughput", args.throughput_seconds, report) as ph:
         keys = list(paths)
         per_cell = args.throughput_seconds / (2 * len(args.batches))
@@ -235,6 +265,9 @@ def run_phases(args: argparse.Namespace, report: dict[str, Any] | None = None) -
                 ph.data[f"{kind}_b{b}"] = row
                 print(f"   {kind} b{b}: {row}", flush=True)
 
+
+def _phase_token_budget(run: _Run) -> None:
+    args, report, paths, objs, corpora, dev, model_dir, n_big = run.unpack()
     with Phase("token_budget", args.phase_seconds / 2, report) as ph:
         e = objs["new16"]
         texts = corpora["passages"][: max(args.batches) * args.batches_per_cell]
@@ -252,6 +285,9 @@ def run_phases(args: argparse.Namespace, report: dict[str, Any] | None = None) -
         finally:
             e._fast.token_budget = keep
 
+
+def _phase_breakdown(run: _Run) -> None:
+    args, report, paths, objs, corpora, dev, model_dir, n_big = run.unpack()
     with Phase("breakdown", args.phase_seconds, report) as ph:
         big = max(args.batches)
         texts = corpora["passages"][: big * args.batches_per_cell]
@@ -296,6 +332,9 @@ def run_phases(args: argparse.Namespace, report: dict[str, Any] | None = None) -
             tokenize(texts[i : i + big])
         ph.data["old_tokenise_texts_s"] = round(len(texts) / (time.perf_counter() - t0), 1)
 
+
+def _phase_served(run: _Run) -> None:
+    args, report, paths, objs, corpora, dev, model_dir, n_big = run.unpack()
     with Phase("served", args.phase_seconds, report) as ph:
         try:
             import server.app  # noqa: F401  (faiss, grpc health and reflection)
@@ -303,7 +342,7 @@ def run_phases(args: argparse.Namespace, report: dict[str, Any] | None = None) -
             raise Skip(f"the server cannot start here: {exc}") from None
         from bench.common import run_concurrent
         from ragplane.v1 import embed_pb2
-        from tests.harness import InProcessServer
+        from testkit.harness import InProcessServer
 
         e = objs["new16"]
         texts = corpora["passages"][: max(args.batches) * args.batches_per_cell]
@@ -339,7 +378,6 @@ def run_phases(args: argparse.Namespace, report: dict[str, Any] | None = None) -
         if ref and "new16_texts_s" in ref:
             best = max(v["texts_s"] for v in ph.data.values() if isinstance(v, dict))
             ph.data["served_over_in_process_new16"] = round(best / ref["new16_texts_s"], 3)
-    return report
 
 
 def markdown(report: dict[str, Any]) -> str:

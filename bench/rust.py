@@ -32,6 +32,44 @@ BATCHES = (1, 8, 32)
 TEXTS_PER_BATCH_SIZE = {1: 32, 8: 64, 32: 128}
 
 
+def _measure(sides: dict, corpora: dict, rounds: int, results: dict) -> list[list]:
+    """Time every side on the same batches, order rotating; fills `results`, returns the
+    table rows."""
+    names = list(sides)
+    rust, with_torch = sides["embedder_rs"], "torch" in sides
+    rows = []
+    for kind, texts in corpora.items():
+        tokens = rust.count_tokens(texts)
+        for bs in BATCHES:
+            n = min(TEXTS_PER_BATCH_SIZE[bs], len(texts))
+            batches = [texts[i : i + bs] for i in range(0, n, bs)]
+            spent = dict.fromkeys(names, 0.0)
+            for r in range(rounds):
+                for i, batch in enumerate(batches):
+                    k = (r + i) % len(names)
+                    for name in names[k:] + names[:k]:
+                        t0 = time.perf_counter()
+                        sides[name].embed(batch)
+                        spent[name] += time.perf_counter() - t0
+            tps = {name: n * rounds / t for name, t in spent.items()}
+            vs_onnx = spent["embedder_rs"] / spent["onnx"]
+            vs_torch = spent["embedder_rs"] / spent["torch"] if with_torch else float("nan")
+            results[f"{kind}/b{bs}"] = {**tps, "ratio_vs_onnx": vs_onnx, "ratio_vs_torch": vs_torch}
+            rows.append(
+                [
+                    kind,
+                    bs,
+                    f"{np.mean(tokens[:n]):.0f}",
+                    f"{tps['embedder_rs']:,.1f}",
+                    f"{tps['onnx']:,.1f}",
+                    f"{tps['torch']:,.1f}" if with_torch else "-",
+                    f"{vs_onnx:.2f}",
+                    f"{vs_torch:.2f}" if with_torch else "-",
+                ]
+            )
+    return rows
+
+
 def run(
     rounds: int = 3,
     threads: int | None = None,
@@ -80,38 +118,8 @@ def run(
             )
         )
     )
-    names = list(sides)
     results: dict = {"min_cosine_rust_vs_onnx": agree, "threads": threads}
-    rows = []
-    for kind, texts in corpora.items():
-        tokens = rust.count_tokens(texts)
-        for bs in BATCHES:
-            n = min(TEXTS_PER_BATCH_SIZE[bs], len(texts))
-            batches = [texts[i : i + bs] for i in range(0, n, bs)]
-            spent = dict.fromkeys(names, 0.0)
-            for r in range(rounds):
-                for i, batch in enumerate(batches):
-                    k = (r + i) % len(names)
-                    for name in names[k:] + names[:k]:
-                        t0 = time.perf_counter()
-                        sides[name].embed(batch)
-                        spent[name] += time.perf_counter() - t0
-            tps = {name: n * rounds / t for name, t in spent.items()}
-            vs_onnx = spent["embedder_rs"] / spent["onnx"]
-            vs_torch = spent["embedder_rs"] / spent["torch"] if with_torch else float("nan")
-            results[f"{kind}/b{bs}"] = {**tps, "ratio_vs_onnx": vs_onnx, "ratio_vs_torch": vs_torch}
-            rows.append(
-                [
-                    kind,
-                    bs,
-                    f"{np.mean(tokens[:n]):.0f}",
-                    f"{tps['embedder_rs']:,.1f}",
-                    f"{tps['onnx']:,.1f}",
-                    f"{tps['torch']:,.1f}" if with_torch else "-",
-                    f"{vs_onnx:.2f}",
-                    f"{vs_torch:.2f}" if with_torch else "-",
-                ]
-            )
+    rows = _measure(sides, corpora, rounds, results)
     worst = max(v["ratio_vs_onnx"] for k, v in results.items() if "/" in k)
     results["max_ratio_vs_onnx"] = worst
     md = table(
