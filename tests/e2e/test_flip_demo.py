@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.harness import ROOT
+from testkit.harness import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -28,7 +28,7 @@ def _model_dir() -> Path:
     if given:
         return Path(given)
     try:
-        from server.embedding.st import default_model_dir
+        from server.embedding.model_files import default_model_dir
 
         return default_model_dir()
     except ImportError as exc:

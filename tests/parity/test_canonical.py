@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.parity, pytest.mark.e2e]
 def reference():
     from sentence_transformers import SentenceTransformer
 
-    from server.embedding.st import default_model_dir
+    from server.embedding.model_files import default_model_dir
 
     model = SentenceTransformer(str(default_model_dir()), device="cpu", local_files_only=True)
     model.max_seq_length = 256
