@@ -14,15 +14,18 @@ macro_rules! multiversion {
         $crate::model::simd::multiversion!($vis fn $name(values: &mut [f32]), $body);
     };
     ($vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?), $body:path) => {
-        $vis fn $name($($arg: $ty),*) {
+        $crate::model::simd::multiversion!($vis fn $name($($arg: $ty),*) -> (), $body);
+    };
+    ($vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty, $body:path) => {
+        $vis fn $name($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f")]
-                fn avx512($($arg: $ty),*) {
+                fn avx512($($arg: $ty),*) -> $ret {
                     $body($($arg),*)
                 }
                 #[target_feature(enable = "avx2")]
-                fn avx2($($arg: $ty),*) {
+                fn avx2($($arg: $ty),*) -> $ret {
                     $body($($arg),*)
                 }
                 if std::arch::is_x86_feature_detected!("avx512f") {

@@ -34,9 +34,9 @@ pub fn attention(qkv: &[f32], heads: usize, dh: usize, spans: &[(usize, usize)],
     let dst = SendPtr(out.as_mut_ptr());
     let scale = 1.0 / (dh as f32).sqrt();
     let token = (3 * h) as isize; // stride between tokens in qkv
-    (0..spans.len() * heads)
-        .into_par_iter()
-        .for_each_init(Vec::new, |scores, task| {
+    (0..spans.len() * heads).into_par_iter().for_each_init(
+        || (Vec::new(), Vec::new()),
+        |(scores, inv_sums), task| {
             let (seq, head) = (task / heads, task % heads);
             let (first, len) = spans[seq];
             if len == 0 {
@@ -45,6 +45,7 @@ pub fn attention(qkv: &[f32], heads: usize, dh: usize, spans: &[(usize, usize)],
             let base = first * 3 * h + head * dh;
             let (q, k, v) = (&qkv[base..], &qkv[base + h..], &qkv[base + 2 * h..]);
             scores.resize(len * len, 0.0);
+            inv_sums.resize(len, 0.0);
             // SAFETY: q, k, v hold `len` tokens at stride `token` with `dh` values each
             // (spans checked against qkv's length above); `scores` is len x len.
             unsafe {
@@ -70,9 +71,7 @@ pub fn attention(qkv: &[f32], heads: usize, dh: usize, spans: &[(usize, usize)],
                     gemm::Parallelism::None,
                 );
             }
-            for row in scores.chunks_exact_mut(len) {
-                softmax(row);
-            }
+            softmax_rows(scores, inv_sums);
             // SAFETY: this task alone writes rows first..first+len, columns
             // head*dh..(head+1)*dh of `out` (spans are disjoint; tasks differ in span or
             // head); `out` outlives the parallel loop.
@@ -98,41 +97,64 @@ pub fn attention(qkv: &[f32], heads: usize, dh: usize, spans: &[(usize, usize)],
                     false,
                     gemm::Parallelism::None,
                 );
+                // the softmax's normalisation, on len x dh values instead of len x len
+                scale_rows(dst.at(first * h + head * dh), h, dh, inv_sums);
             }
-        });
+        },
+    );
 }
 
-multiversion!(fn softmax, softmax_generic);
+multiversion!(fn softmax_rows(scores: &mut [f32], inv_sums: &mut [f32]), softmax_rows_generic);
 
 /// Independent accumulators per reduction, so the max and the sum vectorise (a single
 /// running f32 sum is a strict sequential dependency LLVM must not reorder).
 const LANES: usize = 16;
 
+/// Each row `i` of the square `scores` (`inv_sums.len()` rows) becomes `e^(x - max)`, left
+/// unnormalised, and `inv_sums[i]` its `1 / sum`: the normalisation is applied to the
+/// `len x dh` context rows afterwards instead of the `len x len` scores (three passes over
+/// a row instead of four).
 #[inline(always)]
-fn softmax_generic(row: &mut [f32]) {
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut chunks = row.chunks_exact(LANES);
-    for c in &mut chunks {
-        for (m, &x) in lanes.iter_mut().zip(c) {
-            *m = if x > *m { x } else { *m };
+fn softmax_rows_generic(scores: &mut [f32], inv_sums: &mut [f32]) {
+    let len = inv_sums.len();
+    for (row, inv) in scores.chunks_exact_mut(len).zip(inv_sums.iter_mut()) {
+        let mut lanes = [f32::NEG_INFINITY; LANES];
+        let mut chunks = row.chunks_exact(LANES);
+        for c in &mut chunks {
+            for (m, &x) in lanes.iter_mut().zip(c) {
+                *m = if x > *m { x } else { *m };
+            }
         }
-    }
-    let max = chunks
-        .remainder()
-        .iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
-    row.iter_mut().for_each(|x| *x = exp(*x - max));
-    let mut lanes = [0.0f32; LANES];
-    let mut chunks = row.chunks_exact(LANES);
-    for c in &mut chunks {
-        for (s, &x) in lanes.iter_mut().zip(c) {
-            *s += x;
+        let max = chunks
+            .remainder()
+            .iter()
+            .chain(&lanes)
+            .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+        // a plain loop, which LLVM's loop vectoriser takes whole (fused with the sum below
+        // into 16-lane chunks, it stayed scalar)
+        row.iter_mut().for_each(|x| *x = exp(*x - max));
+        let mut sums = [0.0f32; LANES];
+        let mut chunks = row.chunks_exact(LANES);
+        for c in &mut chunks {
+            for (s, &x) in sums.iter_mut().zip(c) {
+                *s += x;
+            }
         }
+        *inv = 1.0 / chunks.remainder().iter().chain(&sums).sum::<f32>();
     }
-    let sum: f32 = chunks.remainder().iter().chain(&lanes).sum();
-    let inv = 1.0 / sum;
-    row.iter_mut().for_each(|x| *x *= inv);
+}
+
+/// Scales row `i` of the `rows.len()` x `dh` block at `out` (rows `stride` apart) by
+/// `scales[i]`.
+///
+/// # Safety
+/// Every row `i < scales.len()` must lie inside one allocation: `out + i * stride .. + dh`.
+unsafe fn scale_rows(out: *mut f32, stride: usize, dh: usize, scales: &[f32]) {
+    for (i, &s) in scales.iter().enumerate() {
+        // SAFETY: see the function's contract.
+        let row = unsafe { std::slice::from_raw_parts_mut(out.add(i * stride), dh) };
+        row.iter_mut().for_each(|x| *x *= s);
+    }
 }
 
 /// `e^x` for `x <= 0` (scores minus their row maximum), within 2 ulp: Cody-Waite range
@@ -143,7 +165,11 @@ fn softmax_generic(row: &mut [f32]) {
 pub fn exp(x: f32) -> f32 {
     const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    // t's low mantissa bits hold the integer n (as an offset from ROUND's bits), so 2^n is
+    // built with integer adds and a shift. No float-to-int `as` cast: Rust's is saturating,
+    // and its compares kept this loop scalar (~10% of a passage's forward pass).
+    let t = x * std::f32::consts::LOG2_E + ROUND;
+    let n = t - ROUND;
     let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
     let p = 1.987_569_1e-4_f32;
     let p = p * r + 1.398_199_9e-3;
@@ -152,7 +178,8 @@ pub fn exp(x: f32) -> f32 {
     let p = p * r + 1.666_666_5e-1;
     let p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
-    f32::from_bits(((n as i32 + 127) as u32) << 23) * y
+    let n_bits = t.to_bits().wrapping_sub(ROUND.to_bits());
+    f32::from_bits(n_bits.wrapping_add(127) << 23) * y
 }
 
 #[cfg(test)]
@@ -162,14 +189,24 @@ mod tests {
     use burn::tensor::{Device, Tensor, TensorData};
 
     #[test]
-    fn softmax_sums_to_one_and_keeps_order() {
+    fn softmax_rows_match_the_exact_softmax() {
         for n in [1usize, 5, 16, 17, 100, 256] {
-            let mut row: Vec<f32> = (0..n).map(|i| ((i * 37) % 11) as f32 * 0.7 - 3.0).collect();
-            let logits = row.clone();
-            softmax(&mut row);
-            let z: f64 = logits.iter().map(|&x| (x as f64).exp()).sum();
-            for (p, &x) in row.iter().zip(&logits) {
-                assert!((*p as f64 - (x as f64).exp() / z).abs() < 1e-6, "n {n}");
+            let logits: Vec<f32> = (0..n * n)
+                .map(|i| ((i * 37) % 11) as f32 * 0.7 - 3.0 + (i / n) as f32)
+                .collect();
+            let mut rows = logits.clone();
+            let mut inv = vec![0.0f32; n];
+            softmax_rows(&mut rows, &mut inv);
+            for r in 0..n {
+                let row = &logits[r * n..(r + 1) * n];
+                let z: f64 = row.iter().map(|&x| (x as f64).exp()).sum();
+                for (c, &x) in row.iter().enumerate() {
+                    let p = rows[r * n + c] as f64 * inv[r] as f64;
+                    assert!(
+                        (p - (x as f64).exp() / z).abs() < 1e-6,
+                        "n {n} row {r} col {c}"
+                    );
+                }
             }
         }
     }
