@@ -132,22 +132,24 @@ pub struct Tile<'a> {
 
 type Kernel = fn(&Tile<'_>);
 
-/// The widest kernel this CPU runs, chosen once.
+/// The widest kernel this CPU runs, chosen once. `EMBEDDER_RS_KERNEL` = `avx2` or
+/// `portable` forces a narrower one (to measure them against each other on one machine).
 fn kernel() -> Kernel {
     use std::sync::OnceLock;
     static CHOSEN: OnceLock<Kernel> = OnceLock::new();
     *CHOSEN.get_or_init(|| {
+        let forced = std::env::var("EMBEDDER_RS_KERNEL").unwrap_or_default();
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") {
+            let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+            if avx512 && !matches!(forced.as_str(), "avx2" | "portable") {
                 return avx512::tile;
             }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return portable::tile_avx2;
+            if avx2::available() && forced != "portable" {
+                return avx2::tile;
             }
         }
+        let _ = forced;
         portable::tile
     })
 }
@@ -195,15 +197,87 @@ mod portable {
     pub fn tile(t: &Tile<'_>) {
         body(t)
     }
+}
 
-    #[cfg(target_arch = "x86_64")]
-    pub fn tile_avx2(t: &Tile<'_>) {
-        #[target_feature(enable = "avx2,fma")]
-        fn inner(t: &Tile<'_>) {
-            body(t)
+/// AVX2 + FMA (CPUs without AVX-512): 16 ymm registers hold a 6 x 16 tile (12
+/// accumulators, two panel vectors, one broadcast), so the 8 x 32 tile runs as two column
+/// halves of row blocks of up to 6.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{store_row, Tile, NR};
+
+    /// Rows per register block.
+    const RB: usize = 6;
+
+    pub fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+
+    /// Rows `r0..r0 + ROWS`, columns `half * 16..+16`, over the whole of `k`, into `acc`
+    /// (bias added).
+    #[target_feature(enable = "avx2,fma")]
+    fn block<const ROWS: usize>(t: &Tile<'_>, r0: usize, half: usize, acc: &mut [[f32; NR]]) {
+        let mut c = [[_mm256_setzero_ps(); 2]; ROWS];
+        let x = t.x.as_ptr();
+        let b = t.panel.as_ptr();
+        let col = half * 16;
+        for kk in 0..t.k {
+            // SAFETY: the panel holds k rows of NR floats; x holds t.rows rows of k floats
+            // and r0 + ROWS <= t.rows.
+            unsafe {
+                let b0 = _mm256_loadu_ps(b.add(kk * NR + col));
+                let b1 = _mm256_loadu_ps(b.add(kk * NR + col + 8));
+                for (r, a) in c.iter_mut().enumerate() {
+                    let xr = _mm256_set1_ps(*x.add((r0 + r) * t.k + kk));
+                    a[0] = _mm256_fmadd_ps(xr, b0, a[0]);
+                    a[1] = _mm256_fmadd_ps(xr, b1, a[1]);
+                }
+            }
         }
+        for (r, a) in c.iter().enumerate() {
+            // SAFETY: bias holds NR floats; the row of `acc` holds NR.
+            unsafe {
+                let dst = acc[r0 + r].as_mut_ptr().add(col);
+                let bias = t.bias.as_ptr().add(col);
+                _mm256_storeu_ps(dst, _mm256_add_ps(a[0], _mm256_loadu_ps(bias)));
+                _mm256_storeu_ps(
+                    dst.add(8),
+                    _mm256_add_ps(a[1], _mm256_loadu_ps(bias.add(8))),
+                );
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn run(t: &Tile<'_>) {
+        let mut acc = [[0.0f32; NR]; super::MR];
+        for half in 0..2 {
+            let mut r0 = 0;
+            while r0 < t.rows {
+                let n = RB.min(t.rows - r0);
+                match n {
+                    6 => block::<6>(t, r0, half, &mut acc),
+                    5 => block::<5>(t, r0, half, &mut acc),
+                    4 => block::<4>(t, r0, half, &mut acc),
+                    3 => block::<3>(t, r0, half, &mut acc),
+                    2 => block::<2>(t, r0, half, &mut acc),
+                    _ => block::<1>(t, r0, half, &mut acc),
+                }
+                r0 += n;
+            }
+        }
+        for (r, row) in acc.iter().enumerate().take(t.rows) {
+            // SAFETY: as in the portable kernel.
+            let out = unsafe { std::slice::from_raw_parts_mut(t.out.add(r * t.ldc), t.cols) };
+            store_row(row, out, t.epilogue);
+        }
+    }
+
+    pub fn tile(t: &Tile<'_>) {
         // SAFETY: chosen only after the CPU was checked for AVX2 and FMA.
-        unsafe { inner(t) }
+        unsafe { run(t) }
     }
 }
 
@@ -321,6 +395,57 @@ mod tests {
             packed.forward(&x, m, &mut out, Epilogue::BiasGelu);
             for (a, e) in out.iter().zip(&want) {
                 assert!((a - gelu_scalar(*e)).abs() < 1e-4);
+            }
+        }
+    }
+
+    /// Each kernel this CPU can run gives the reference product, with GELU too.
+    #[test]
+    fn every_kernel_matches_the_reference() {
+        let mut kernels: Vec<(&str, Kernel)> = vec![("portable", portable::tile)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if avx2::available() {
+                kernels.push(("avx2", avx2::tile));
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                kernels.push(("avx512", avx512::tile));
+            }
+        }
+        let (m, d_in, d_out) = (19, 45, 64);
+        let (x, w, b) = (lcg(m * d_in, 7), lcg(d_in * d_out, 8), lcg(d_out, 9));
+        let packed = PackedLinear::new(&w, &b, d_in, d_out);
+        let want = reference(&x, &w, &b, m, d_in, d_out);
+        for (name, kernel) in kernels {
+            for epilogue in [Epilogue::Bias, Epilogue::BiasGelu] {
+                let mut out = vec![f32::NAN; m * d_out];
+                for r0 in (0..m).step_by(MR) {
+                    for p in 0..d_out / NR {
+                        let rows = MR.min(m - r0);
+                        kernel(&Tile {
+                            x: &x[r0 * d_in..(r0 + rows) * d_in],
+                            rows,
+                            k: d_in,
+                            panel: &packed.panels[p * d_in * NR..(p + 1) * d_in * NR],
+                            bias: &packed.bias[p * NR..(p + 1) * NR],
+                            out: out[r0 * d_out + p * NR..].as_mut_ptr(),
+                            ldc: d_out,
+                            cols: NR,
+                            epilogue,
+                        });
+                    }
+                }
+                for (i, (a, e)) in out.iter().zip(&want).enumerate() {
+                    let e = if epilogue == Epilogue::Bias {
+                        *e
+                    } else {
+                        gelu_scalar(*e)
+                    };
+                    assert!(
+                        (a - e).abs() < 1e-4,
+                        "{name} {epilogue:?} at {i}: {a} vs {e}"
+                    );
+                }
             }
         }
     }
