@@ -47,3 +47,16 @@ class PermissionDenied(RagplaneError):
 
 class Unavailable(RagplaneError):
     """The server is shutting down or a dependency is not ready; retry elsewhere or later."""
+
+
+class StorageFull(ResourceExhausted):
+    """The data directory's filesystem has no room for a write (ENOSPC, SQLITE_FULL).
+    Nothing was written; reads still work and writes succeed again once space is freed."""
+
+    def __init__(self, message: str, retry_after: float = 30.0) -> None:
+        super().__init__(message, retry_after)
+
+
+class StorageReadOnly(FailedPrecondition):
+    """The data directory cannot be written (a read-only filesystem, lost permissions).
+    Nothing was written; an operator has to make it writable again."""

@@ -12,6 +12,7 @@ import shutil
 import sqlite3
 from typing import Any
 
+from core.storage import storage_error
 from index import faiss_index as fx
 from index import repository as repo
 from index.context import Context
@@ -105,15 +106,42 @@ def index_from_store(
 
 
 def checkpoint(coll: Coll) -> None:
-    """Write the collection's index to disk, covering every row indexed so far."""
+    """Write the collection's index to disk, covering every row indexed so far.
+
+    The write count it covers is cleared only once the file is durable, so a checkpoint
+    that fails (a full disk) is tried again at the next write that makes one due."""
     with coll.ckpt_lock:
         with coll.rw.read():
             if coll.dropped:
                 return
             staged = fx.stage_checkpoint(coll.dir, coll.index)
             seq, gen = coll.indexed_seq, coll.generation
-            coll.writes_since_ckpt = 0
+            covered = coll.writes_since_ckpt
         fx.commit_checkpoint(coll.dir, gen, seq, staged)
+        with coll.rw.write():
+            coll.writes_since_ckpt = max(0, coll.writes_since_ckpt - covered)
+
+
+def checkpoint_or_log(coll: Coll) -> bool:
+    """`checkpoint`, for the write path: a checkpoint is derived data (the store holds every
+    acknowledged row), so its failure is logged and never fails the write that made it
+    due. Returns whether it was written."""
+    try:
+        checkpoint(coll)
+        return True
+    except Exception as exc:
+        data_dir = coll.dir.parents[1]  # <data dir>/indexes/<collection id>
+        fault = storage_error(exc, data_dir) or storage_error(exc.__context__, data_dir)
+        if fault is None:
+            log.exception("checkpoint of %s/%s failed", coll.tenant, coll.name)
+        else:
+            log.warning(
+                "checkpoint of %s/%s failed, retried at the next due write: %s",
+                coll.tenant,
+                coll.name,
+                fault,
+            )
+        return False
 
 
 def remove_generation_files(coll: Coll, generation: int) -> None:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import IO
 
 from core.errors import FailedPrecondition, NotFound, Unavailable
-from core.sqlite import connect
+from core.sqlite import connect, transaction
+from core.storage import storage_errors
 from index.gpu import GpuCopies
 from index.state import Coll
 from index.store import DB_NAME
@@ -86,17 +87,13 @@ class Context:
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction on the writer connection; committed when the block ends."""
+        """A write transaction on the writer connection; committed when the block ends.
+        A full or read-only data directory raises StorageFull / StorageReadOnly, the
+        transaction rolled back and the connection ready for the next write."""
         with self.db_lock:
             self.check_open()
-            conn = self.writer
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with storage_errors(self.dir), transaction(self.writer) as conn:
                 yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
 
     def check_open(self) -> None:
         if self.closed:

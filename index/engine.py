@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from core.storage import OPEN, storage_errors
 from index import catalog, checkpoints, generations, reads, rebuild, search, snapshots, writes
 from index.context import Context, data_dir_lock
 from index.gpu import GpuCopies, faiss_gpu_available
@@ -55,7 +56,7 @@ class Engine:
         (path / "indexes").mkdir(exist_ok=True)
         self._use_gpu = bool(use_gpu) and faiss_gpu_available()
         gpu = GpuCopies() if self._use_gpu else None
-        with contextlib.ExitStack() as stack:
+        with contextlib.ExitStack() as stack, storage_errors(path, OPEN):
             busy = f"data directory {path.name!r} is in use by another Engine; stop it first"
             stack.enter_context(data_dir_lock(path, busy))
             self._ctx = Context(path, checkpoint_every, gpu)
@@ -85,8 +86,9 @@ class Engine:
     def checkpoint(self) -> None:
         """Checkpoint every collection's index now."""
         self._ctx.check_open()
-        for coll in self._ctx.all():
-            checkpoints.checkpoint(coll)
+        with storage_errors(self._ctx.dir):
+            for coll in self._ctx.all():
+                checkpoints.checkpoint(coll)
 
     def close(self) -> None:
         """Checkpoint all indexes and close the store. Idempotent."""

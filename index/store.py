@@ -123,4 +123,6 @@ def init_schema(conn: sqlite3.Connection) -> None:
                 conn.execute("ROLLBACK")
             raise
     conn.executescript(SCHEMA)
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+        # only when it changes: opening a current store writes nothing, so it opens on a full disk
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -9,7 +9,7 @@ import numpy as np
 
 from core.errors import InvalidArgument, NotFound
 from index import repository as repo
-from index.checkpoints import checkpoint
+from index.checkpoints import checkpoint_or_log
 from index.context import Context
 from index.filters import compile_filter
 from index.state import Coll
@@ -41,7 +41,7 @@ def upsert(ctx: Context, tenant: str, name: str, records: Sequence[Record]) -> i
             coll.writes_since_ckpt += len(rows)
             due = coll.writes_since_ckpt >= ctx.checkpoint_every
     if due:
-        checkpoint(coll)
+        checkpoint_or_log(coll)
     return len(rows)
 
 

@@ -27,6 +27,8 @@ STATUS_OF: dict[type[errors.RagplaneError], grpc.StatusCode] = {
     errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.StorageFull: grpc.StatusCode.RESOURCE_EXHAUSTED,  # with retry-after: space may return
+    errors.StorageReadOnly: grpc.StatusCode.FAILED_PRECONDITION,  # an operator must act first
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from core.errors import InvalidArgument, NotFound
+from core.errors import InvalidArgument, NotFound, RagplaneError
 from index import Engine
 from index.types import Condition, Filter, FilterOp, IndexType, Kind, Metric, Record
 from index.validate import check_name
@@ -324,6 +324,8 @@ class MemoryService:
             while not self._stop.wait(every_seconds):
                 try:
                     self.sweep()
+                except RagplaneError as exc:  # a full or read-only disk: try again next round
+                    log.warning("memory sweep failed, retried in %.0f s: %s", every_seconds, exc)
                 except Exception:  # keep sweeping; a bug here must not kill the thread
                     log.exception("memory sweep failed")
 

@@ -17,11 +17,13 @@ import json
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from core.sqlite import connect
+from core.sqlite import connect, transaction
+from core.storage import storage_errors
 from server.shadow.config import Gates
 from server.shadow.types import FlipEvent, GateResult, ReleaseEvidence
 
@@ -50,8 +52,16 @@ class EvidenceStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = connect(path)
+        self._dir = path.parent
         self._db.executescript(_SCHEMA)
         self._lock = threading.Lock()
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Serialise a write; a full or read-only data directory raises StorageFull /
+        StorageReadOnly (the shadow worker logs it and goes on with the next sample)."""
+        with self._lock, storage_errors(self._dir):
+            yield
 
     def close(self) -> None:
         self._db.close()
@@ -67,7 +77,7 @@ class EvidenceStore:
     def record_agreement(self, case: str, release: str, cosines: Sequence[float]) -> None:
         if not len(cosines):
             return
-        with self._lock:
+        with self._writing():
             self._ensure(case, release)
             n, low = self._db.execute(
                 "SELECT samples, low FROM evidence WHERE use_case = ? AND release = ?",
@@ -101,7 +111,7 @@ class EvidenceStore:
             return
         lr = math.log(shadow / ((canonical_before + canonical_after) / 2))
         aa = math.log(canonical_after / canonical_before)
-        with self._lock:
+        with self._writing():
             self._ensure(case, release)
             self._db.execute(
                 "UPDATE evidence SET timed = timed + 1, lr_sum = lr_sum + ?, lr_sq = lr_sq + ?, "
@@ -110,7 +120,7 @@ class EvidenceStore:
             )
 
     def record_overlap(self, case: str, release: str, overlap: float, probes: int) -> None:
-        with self._lock:
+        with self._writing():
             self._ensure(case, release)
             self._db.execute(
                 "UPDATE evidence SET overlap = ?, probes = ?, updated_at = ? "
@@ -119,7 +129,7 @@ class EvidenceStore:
             )
 
     def _bump(self, column: str, case: str, release: str) -> None:
-        with self._lock:
+        with self._writing():
             self._ensure(case, release)
             self._db.execute(
                 f"UPDATE evidence SET {column} = {column} + 1, updated_at = ? "
@@ -195,16 +205,12 @@ class EvidenceStore:
 
     def set_serving(self, case: str, serving: str, action: str, forced: bool, reason: str) -> None:
         now = time.time()
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute(
-                "INSERT OR REPLACE INTO case_state VALUES (?, ?, ?)", (case, serving, now)
-            )
-            self._db.execute(
+        with self._writing(), transaction(self._db) as db:
+            db.execute("INSERT OR REPLACE INTO case_state VALUES (?, ?, ?)", (case, serving, now))
+            db.execute(
                 "INSERT INTO history VALUES (?, ?, ?, ?, ?, ?)",
                 (case, now, action, serving, int(forced), reason),
             )
-            self._db.execute("COMMIT")
 
     def history(self, case: str) -> list[FlipEvent]:
         rows = self._db.execute(

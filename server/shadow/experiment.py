@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from core.errors import RagplaneError
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -94,7 +96,10 @@ class Experiment(Generic[T]):
             self._queue.put_nowait((inputs, control))
             return True
         except queue.Full:
-            self._publisher.dropped(self.name)
+            try:
+                self._publisher.dropped(self.name)
+            except Exception as exc:  # the request answered already; a lost count is not its fault
+                log.warning("experiment %s could not count a dropped sample: %s", self.name, exc)
             return False
 
     def drain(self, timeout: float = 30.0) -> None:
@@ -121,6 +126,8 @@ class Experiment(Generic[T]):
                 if item is None:
                     return
                 self._run(*item)
+            except RagplaneError as exc:  # a full or read-only disk: this sample only is lost
+                log.warning("shadow experiment %s could not record a sample: %s", self.name, exc)
             except Exception:  # the worker must survive anything
                 log.exception("shadow experiment %s failed to publish", self.name)
             finally:
