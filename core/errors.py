@@ -60,3 +60,8 @@ class StorageFull(ResourceExhausted):
 class StorageReadOnly(FailedPrecondition):
     """The data directory cannot be written (a read-only filesystem, lost permissions).
     Nothing was written; an operator has to make it writable again."""
+
+
+class Corrupt(RagplaneError):
+    """A store's file is damaged (a torn write, a bad disk, an edit by hand); nothing is
+    served from it until it is restored."""

@@ -7,6 +7,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from core.errors import Corrupt
+
+SQLITE_CORRUPT = 11
+SQLITE_NOTADB = 26
+
 
 def connect(path: Path) -> sqlite3.Connection:
     """A connection in autocommit mode (transactions are explicit `BEGIN IMMEDIATE`),
@@ -33,3 +38,27 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def corrupt(path: Path, finding: str, data_dir: Path | None = None) -> Corrupt:
+    """The error for a damaged store at `path` (a file of `data_dir`, its parent by default),
+    with the way back."""
+    return Corrupt(
+        f"the store {str(path)!r} is damaged ({finding}); the server will not serve from it. "
+        "Keep the file for diagnosis and restore the last snapshot: ragplane admin restore "
+        f"<snapshot dir> --data-dir {str(data_dir or path.parent)!r} (README: Running in "
+        "production)"
+    )
+
+
+def check_integrity(conn: sqlite3.Connection, path: Path, full: bool = False) -> None:
+    """Raise Corrupt if SQLite finds `path` damaged. quick_check reads every page and checks
+    the b-trees (O(size), seconds for gigabytes); integrity_check (`full`) also checks that
+    every index matches its table."""
+    pragma = "integrity_check" if full else "quick_check"
+    try:
+        rows = conn.execute(f"PRAGMA {pragma}(5)").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise corrupt(path, f"{pragma} failed: {exc}") from exc
+    if [r[0] for r in rows] != ["ok"]:
+        raise corrupt(path, f"{pragma}: " + "; ".join(str(r[0]) for r in rows))

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from core.errors import RagplaneError, StorageFull, StorageReadOnly
+from core.sqlite import SQLITE_CORRUPT, SQLITE_NOTADB, corrupt
 
 _SQLITE_READONLY = 8
 _SQLITE_FULL = 13
@@ -48,11 +49,14 @@ OPEN = "the store cannot be opened"
 def storage_error(
     exc: BaseException | None, directory: Path, during: str = WRITE
 ) -> RagplaneError | None:
-    """The domain error for a storage fault under `directory`, or None when `exc` is not one.
+    """The domain error for a storage fault under `directory` (full, read-only, damaged), or
+    None when `exc` is not one.
     `during` says what the fault cost (WRITE: a refused write; OPEN: the server cannot start)."""
     full = readonly = False
     if isinstance(exc, sqlite3.Error):
         code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # the primary code of an extended one
+        if code in (SQLITE_CORRUPT, SQLITE_NOTADB):
+            return corrupt(directory, str(exc), data_dir=directory)
         full = code == _SQLITE_FULL
         readonly = code == _SQLITE_READONLY
     elif isinstance(exc, OSError):

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from core.sqlite import check_integrity
 from core.storage import OPEN, storage_errors
 from index import catalog, checkpoints, generations, reads, rebuild, search, snapshots, writes
 from index.context import Context, data_dir_lock
@@ -49,8 +50,16 @@ class Engine:
     """
 
     def __init__(
-        self, data_dir: str | os.PathLike, *, checkpoint_every: int = 50_000, use_gpu: bool = False
+        self,
+        data_dir: str | os.PathLike,
+        *,
+        checkpoint_every: int = 50_000,
+        use_gpu: bool = False,
+        integrity_check: str = "quick",
     ) -> None:
+        """Open (or create) the store in `data_dir`. `integrity_check` ("quick", "full" or
+        "off") is what SQLite checks before anything is served: a damaged store raises
+        Corrupt, naming the file and the way back."""
         path = Path(data_dir)
         path.mkdir(parents=True, exist_ok=True)
         (path / "indexes").mkdir(exist_ok=True)
@@ -61,6 +70,8 @@ class Engine:
             stack.enter_context(data_dir_lock(path, busy))
             self._ctx = Context(path, checkpoint_every, gpu)
             stack.callback(self._ctx.close)
+            if integrity_check != "off":
+                check_integrity(self._ctx.writer, self._ctx.db_path, integrity_check == "full")
             init_schema(self._ctx.writer)
             checkpoints.recover(self._ctx)
             self._held = stack.pop_all()  # released by close()

@@ -183,7 +183,12 @@ def _open_engine(settings: Settings, data_dir: Path) -> Engine:
             "faiss_gpu=on but FAISS has no GPU support or sees no GPU; install the [gpu] "
             "extra (make install-gpu) on a CUDA machine, or set faiss_gpu=auto"
         )
-    return Engine(data_dir, checkpoint_every=settings.checkpoint_every, use_gpu=use_gpu)
+    return Engine(
+        data_dir,
+        checkpoint_every=settings.checkpoint_every,
+        use_gpu=use_gpu,
+        integrity_check=settings.integrity_check,
+    )
 
 
 def _build_shadow(

@@ -32,6 +32,7 @@ STATUS_OF: dict[type[errors.RagplaneError], grpc.StatusCode] = {
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.Corrupt: grpc.StatusCode.DATA_LOSS,
 }
 
 #: The id of the call being served, for logs (set by the interceptor).

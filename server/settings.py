@@ -131,6 +131,12 @@ class Settings(BaseSettings):
         "Writes between FAISS checkpoints; recovery replays at most this many from SQLite.",
         default=50_000,
     )
+    integrity_check: str = _doc(
+        "What SQLite checks in ragplane.db at start, before anything is served: quick "
+        "(every page and b-tree, seconds per GB), full (also that every index matches its "
+        "table, slower), off. A damaged store stops the start with the way back.",
+        default="quick",
+    )
     koder_toml: str = _doc(
         "The [self_hosted] declarations of shadow pairs, and beside it the release history "
         "G3 counts. auto = ./koder.toml, else the one of the project the package was "
@@ -231,6 +237,10 @@ class Settings(BaseSettings):
             )
         if self.faiss_gpu not in ("auto", "on", "off"):
             raise InvalidArgument(f"faiss_gpu {self.faiss_gpu!r} is unknown; use auto, on or off")
+        if self.integrity_check not in ("quick", "full", "off"):
+            raise InvalidArgument(
+                f"integrity_check {self.integrity_check!r} is unknown; use quick, full or off"
+            )
         if self.max_seq_length <= 0 or self.batch_max_tokens < self.max_seq_length:
             raise InvalidArgument("batch_max_tokens must be at least max_seq_length (> 0)")
         if bool(self.tls_cert) != bool(self.tls_key):

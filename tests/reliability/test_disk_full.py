@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
-from core.errors import StorageFull, StorageReadOnly
+from core.errors import Corrupt, StorageFull, StorageReadOnly
 from core.storage import storage_error
 from ragplane.v1 import common_pb2, index_pb2, search_pb2
 from server.shadow.evidence import EvidenceStore
@@ -192,5 +192,10 @@ def test_storage_faults_are_classified_from_real_errors(tmp_path):
         assert isinstance(storage_error(err.value, vol), StorageReadOnly)
     finally:
         subprocess.run(["umount", "-l", str(vol)], check=False)
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database" * 512)
+    with pytest.raises(sqlite3.DatabaseError) as bad:
+        sqlite3.connect(junk).execute("SELECT * FROM sqlite_master").fetchall()
+    assert isinstance(storage_error(bad.value, tmp_path), Corrupt)
     assert storage_error(sqlite3.OperationalError("no such table: t"), tmp_path) is None
     assert storage_error(ValueError("x"), tmp_path) is None
