@@ -12,7 +12,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from ragplane.v1 import (
 )
 from server import __version__
 from server.admin import AdminOps
+from server.admission import Admission, CountingExecutor
 from server.auth import DEFAULT_TENANT, SCOPES, KeyStore
 from server.collections import CollectionService
 from server.embedding import Embedder, load_embedder
@@ -276,14 +276,14 @@ def create_server(
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="rpc"),
-        interceptors=[
-            ServerInterceptor(before=runtime.keys.authenticate, after=runtime.metrics.observe_rpc)
-        ],
-        options=options,
-        maximum_concurrent_rpcs=settings.workers * 8,
+    pool = CountingExecutor(max_workers=settings.workers, thread_name_prefix="rpc")
+    admission = Admission(pool, limit=settings.workers * 8)
+    runtime.closing.callback(admission.close)
+    interceptor = ServerInterceptor(
+        before=runtime.keys.authenticate, after=runtime.metrics.observe_rpc, admission=admission
     )
+    # No maximum_concurrent_rpcs: gRPC would refuse without retry-after; Admission caps instead.
+    server = grpc.server(pool, interceptors=[interceptor], options=options)
     _add_services(server, runtime, settings)
     address = f"{settings.host}:{settings.port}"
     try:

@@ -3,7 +3,8 @@
 Every servicer method runs inside `_guard`: a RagplaneError becomes its status with its
 message; anything else is a bug, logged with its traceback and returned as INTERNAL
 with a request id to quote. RESOURCE_EXHAUSTED carries a `retry-after` trailer
-(seconds) and `grpc-retry-pushback-ms`, which gRPC clients with retry policies honour.
+(seconds) and `grpc-retry-pushback-ms`, which gRPC clients with retry policies honour;
+so does a call refused past the cap on concurrent calls (`server.admission`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import grpc
 
 from core import errors
+from server.admission import Admission
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +82,11 @@ class ServerInterceptor(grpc.ServerInterceptor):
         self,
         before: Hook | None = None,
         after: Callable[[str, str, float], None] | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self._before = before
         self._after = after
+        self._admission = admission
 
     def intercept_service(self, continuation, handler_call_details):  # type: ignore[override]
         handler = continuation(handler_call_details)
@@ -92,6 +96,10 @@ class ServerInterceptor(grpc.ServerInterceptor):
         if method.startswith(("/grpc.health.", "/grpc.reflection.")):
             return handler
         before, after = self._before, self._after
+        admission = self._admission
+        refused = admission is not None and not admission.admit()
+        if refused:
+            handler = _refusing(handler, admission.message())
 
         def start(context: grpc.ServicerContext) -> float:
             rid = dict(context.invocation_metadata()).get("x-request-id") or uuid.uuid4().hex[:16]
@@ -145,15 +153,45 @@ class ServerInterceptor(grpc.ServerInterceptor):
             handler = handler._replace(
                 request_deserializer=_safe_deserializer(handler.request_deserializer)
             )
-        if handler.unary_unary:
-            return handler._replace(unary_unary=wrap_unary(handler.unary_unary))
-        if handler.unary_stream:
-            return handler._replace(unary_stream=wrap_stream(handler.unary_stream))
-        if handler.stream_unary:
-            return handler._replace(stream_unary=wrap_unary(handler.stream_unary))
-        if handler.stream_stream:
-            return handler._replace(stream_stream=wrap_stream(handler.stream_stream))
-        return handler
+        wrapped = _wrap_behavior(handler, wrap_unary, wrap_stream)
+        if refused:
+            behavior = _behavior(wrapped)
+            # gRPC runs a behavior with this attribute on that pool instead of its own
+            behavior.experimental_thread_pool = admission.refusals  # type: ignore[union-attr]
+        return wrapped
+
+
+def _behavior(handler: grpc.RpcMethodHandler) -> Any:
+    return (
+        handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+    )
+
+
+def _wrap_behavior(handler: Any, wrap_unary: Callable, wrap_stream: Callable) -> Any:
+    if handler.unary_unary:
+        return handler._replace(unary_unary=wrap_unary(handler.unary_unary))
+    if handler.unary_stream:
+        return handler._replace(unary_stream=wrap_stream(handler.unary_stream))
+    if handler.stream_unary:
+        return handler._replace(stream_unary=wrap_unary(handler.stream_unary))
+    if handler.stream_stream:
+        return handler._replace(stream_stream=wrap_stream(handler.stream_stream))
+    return handler
+
+
+def _refusing(handler: Any, message: str) -> Any:
+    """`handler` with its behavior replaced by a refusal (ResourceExhausted): past the cap
+    on concurrent calls."""
+
+    def refuse(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
+        raise errors.ResourceExhausted(message)
+
+    field = next(
+        f
+        for f in ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+        if getattr(handler, f)
+    )
+    return handler._replace(**{field: refuse})
 
 
 class _Undecodable:

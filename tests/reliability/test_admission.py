@@ -202,3 +202,25 @@ def test_expired_call_ends_deadline_exceeded_and_its_work_is_skipped(tmp_path):
         assert batcher.stats.texts == 2 and batcher.queued_texts == 0
     finally:
         srv.stop()
+
+
+def test_the_concurrency_cap_refuses_with_retry_after(tmp_path):
+    srv = InProcessServer(
+        tmp_path / "data",
+        embedder=FakeEmbedder(delay_s=0.2),
+        workers=2,  # admits workers * 8 = 16 calls at once
+    )
+    try:
+        ok, exhausted, other = _burst(srv.stubs.embed, ["a few words"], 80)
+        assert not other, other[0]
+        assert ok >= 2 and len(exhausted) >= 40, (ok, len(exhausted))
+        for e in exhausted:  # gRPC's own cap would say "Concurrent RPC limit exceeded!"
+            assert "limit of 16 concurrent calls" in e.details(), e.details()
+            assert float(_trailer(e, "retry-after")) > 0
+            assert int(_trailer(e, "grpc-retry-pushback-ms")) > 0
+        # nothing stays counted: once the burst is over calls are admitted again (half the
+        # cap: a finished call may be uncounted a moment after its answer reached us)
+        ok, exhausted, other = _burst(srv.stubs.embed, ["after"], 8)
+        assert (ok, exhausted, other) == (8, [], [])
+    finally:
+        srv.stop()
