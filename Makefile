@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu tools serve test test-all lint protos protos-check bench loadtest clean
+.PHONY: help install install-gpu tools serve test test-all lint protos protos-check bench loadtest loadtest-fake soak fuzz crash clean
 
 help: ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -62,8 +62,11 @@ test-all: install tools ## also the slow tests
 bench: install ## side-by-side benchmarks; writes BENCHMARKS.md
 	$(PY) -m bench
 
-loadtest: install ## a 30 s mixed Locust run against a server it starts
+loadtest: install ## a 30 s mixed Locust run against a server it starts, with the real model
 	$(PY) -m loadtest --scenario mixed --users 16 --spawn-rate 8 --run-time 30s --start-server
+
+loadtest-fake: install ## the same with the fake embedder: the server alone, without the model
+	$(PY) -m loadtest --scenario mixed --users 16 --spawn-rate 8 --run-time 30s --start-server --fake-embedder
 
 flip-demo: install ## the embeddings case flipping on its own evidence, or the gate that holds it (exit 3)
 	$(PY) -m bench.flip

@@ -90,10 +90,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start a local server on port 0 in a temporary directory",
     )
-    p.add_argument(
+    model = p.add_mutually_exclusive_group()
+    model.add_argument(
         "--embedder",
-        default="fake",
-        help="with --start-server: fake (default), sentence-transformers, onnx, ...",
+        default="auto",
+        help="with --start-server: the server's embedder; auto (default: what `ragplane "
+        "serve` uses, the real model), sentence-transformers, onnx, embedder_rs",
+    )
+    model.add_argument(
+        "--fake-embedder",
+        action="store_const",
+        dest="embedder",
+        const="fake",
+        help="with --start-server: the deterministic fake instead of the model, to measure "
+        "the server alone; the header says so",
     )
     p.add_argument(
         "--server-set",
@@ -173,6 +183,7 @@ def print_summary(s: dict[str, Any]) -> None:
         title=(
             f"ragplane load test: {s['scenario']}, {s['users']} users, "
             f"{s['duration_s']:.1f}s, embedder {s['embedder']}"
+            + (" -- FAKE: the server without the model" if s["embedder"].startswith("fake") else "")
         ),
         title_justify="left",
     )

@@ -76,3 +76,18 @@ def test_mixed_scenario_smoke(server, tmp_path):
         assert not missing, f"{scenario}: no requests for {sorted(missing)}\n{report}"
     for r in summary["rpcs"]:
         assert r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"], r
+
+
+def test_the_default_load_is_the_real_model_and_the_fake_is_a_flag():
+    """`make loadtest` starts the server with the embedder `ragplane serve` would use; the
+    fake is opt-in (`--fake-embedder`). Checked in a subprocess: Locust patches on import."""
+    code = (
+        "from loadtest.cli import build_parser as b; p = b(); "
+        "print(p.parse_args(['--start-server']).embedder, "
+        "p.parse_args(['--start-server', '--fake-embedder']).embedder)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["auto", "fake"]
