@@ -68,6 +68,16 @@ loadtest: install ## a 30 s mixed Locust run against a server it starts, with th
 loadtest-fake: install ## the same with the fake embedder: the server alone, without the model
 	$(PY) -m loadtest --scenario mixed --users 16 --spawn-rate 8 --run-time 30s --start-server --fake-embedder
 
+soak: install ## 10 min Locust mixed, real model, shadow on: RSS/fds/threads/p99 every 30 s (BENCHMARKS.md 9)
+	$(PY) -m bench.soak --write
+
+fuzz: install ## the descriptor fuzzer at scale: >= 100,000 cases over every RPC, no INTERNAL, alive after each
+	RAGPLANE_FUZZ_PER_RPC=$(or $(FUZZ_PER_RPC),4200) RAGPLANE_FUZZ_MIN_CASES=$(if $(FUZZ_PER_RPC),500,100000) \
+	  $(PY) -m pytest tests/reliability/test_fuzz.py -q -s -p no:cacheprovider --timeout=0
+
+crash: install ## 100 kill -9 cycles of the crash test, every acknowledged write checked after each
+	RAGPLANE_CRASH_KILLS=$(or $(CRASH_KILLS),100) $(PY) -m pytest tests/reliability/test_crash.py -q -s -p no:cacheprovider --timeout=0
+
 flip-demo: install ## the embeddings case flipping on its own evidence, or the gate that holds it (exit 3)
 	$(PY) -m bench.flip
 

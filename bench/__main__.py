@@ -56,10 +56,16 @@ SECTIONS = {
         "through the canonical, served gRPC within 0.8x of that, and embedder_rs/canonical "
         "time ratio <= 1.05. Run on the GPU machine by scripts/gpu_check.sh.",
     ),
+    "soak": (
+        "9. Soak: 10 minutes of Locust mixed, real model, shadow on",
+        "bench.soak",
+        "Goal: zero failed calls; after warm-up, RSS grows < 10% and open files and threads "
+        "do not grow. Sampled every 30 s. `make soak` (exit 1 when a goal is missed).",
+    ),
 }
 # Only on request (`--only gpu`): on a machine without CUDA it would overwrite a measured
 # GPU section with "skipped".
-ON_REQUEST = {"gpu"}
+ON_REQUEST = {"gpu", "soak"}  # the soak takes 10 minutes: `make soak`
 
 
 def machine() -> str:
@@ -107,21 +113,35 @@ def main() -> int:
         took = time.perf_counter() - t0
         print(md, f"\n({took:.0f}s)\n", flush=True)
         results[key] = res
-        stamp = time.strftime("%Y-%m-%d", time.gmtime())
-        existing[key] = (
-            f"## {title}\n\n{goal}\n\n{md}\n\n_Measured {stamp} on {machine()}; {took:.0f} s._\n"
-        )
+        existing[key] = section(key, md, took)
+    write(out, existing)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    print(f"wrote {out}")
+    return 0
+
+
+def section(key: str, md: str, took: float) -> str:
+    """Section `key` of BENCHMARKS.md: its title, goal, `md` and when and where."""
+    title, _, goal = SECTIONS[key]
+    stamp = time.strftime("%Y-%m-%d", time.gmtime())
+    return f"## {title}\n\n{goal}\n\n{md}\n\n_Measured {stamp} on {machine()}; {took:.0f} s._\n"
+
+
+def write(out: Path, sections: dict[str, str]) -> None:
     head = (
         "# Benchmarks\n\nWritten by `python -m bench` (`make bench`). Every section "
         "compares two things side by side in one run on one machine, so read the "
         "ratios; absolute numbers move with the machine and its load.\n"
     )
-    body = "\n".join(existing[k] for k in SECTIONS if k in existing)
-    out.write_text(head + "\n" + body)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=2, default=str))
-    print(f"wrote {out}")
-    return 0
+    out.write_text(head + "\n" + "\n".join(sections[k] for k in SECTIONS if k in sections))
+
+
+def write_section(out: Path, key: str, md: str, took: float) -> None:
+    """Replace (or add) one section of `out`, keeping the others."""
+    existing = _sections(out.read_text()) if out.exists() else {}
+    existing[key] = section(key, md, took)
+    write(out, existing)
 
 
 def _sections(text: str) -> dict[str, str]:

@@ -119,6 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"items seeded for search (default {fixtures.DEFAULT_SEED_ITEMS})",
     )
     p.add_argument("--json-out", type=Path, default=None, help="also write the summary as JSON")
+    p.add_argument(
+        "--samples-out",
+        type=Path,
+        default=None,
+        help="every --sample-every seconds, append one JSON line: requests, failures and "
+        "p50/p99 of the calls that ended in that interval (the soak reads it)",
+    )
+    p.add_argument("--sample-every", type=parse_duration, default=30.0, help="e.g. 30s")
     p.add_argument("--loglevel", default="WARNING")
     return p
 
@@ -229,6 +237,41 @@ def print_summary(s: dict[str, Any]) -> None:
     console.print("[green]OK: no failures[/]" if s["ok"] else "[red]FAILED[/]")
 
 
+def _interval_percentile(now: dict[int, int], before: dict[int, int], q: float) -> float:
+    """The q-quantile (ms) of the calls counted in `now` but not in `before`: Locust's
+    cumulative response-time histograms (rounded ms -> count) at two moments."""
+    delta = sorted((ms, n - before.get(ms, 0)) for ms, n in now.items() if n > before.get(ms, 0))
+    total = sum(n for _, n in delta)
+    if not total:
+        return 0.0
+    seen = 0
+    for ms, n in delta:
+        seen += n
+        if seen >= q * total:
+            return float(ms)
+    return float(delta[-1][0])
+
+
+def _sample(env: Environment, every: float, out: Path, start: float) -> None:
+    """A greenlet: one JSON line per interval until the run is killed with the runner."""
+    before: dict[int, int] = {}
+    with out.open("a") as f:
+        while True:
+            gevent.sleep(every)
+            total = env.stats.total
+            now = dict(total.response_times)
+            line = {
+                "t_s": round(time.perf_counter() - start, 1),
+                "requests": total.num_requests,
+                "failures": total.num_failures,
+                "p50_ms": _interval_percentile(now, before, 0.50),
+                "p99_ms": _interval_percentile(now, before, 0.99),
+            }
+            f.write(json.dumps(line) + "\n")
+            f.flush()
+            before = now
+
+
 def run(args: argparse.Namespace, host: str) -> dict[str, Any]:
     """Prepare fixtures, run the scenario for args.run_time, stop, clean up, summarize."""
     user_class = SCENARIOS[args.scenario]
@@ -246,7 +289,12 @@ def run(args: argparse.Namespace, host: str) -> dict[str, Any]:
         start = time.perf_counter()
         runner.start(args.users, spawn_rate=args.spawn_rate)
         gevent.spawn_later(args.run_time, runner.quit)
+        sampler = None
+        if args.samples_out is not None:
+            sampler = gevent.spawn(_sample, env, args.sample_every, args.samples_out, start)
         runner.greenlet.join()
+        if sampler is not None:
+            sampler.kill()
         duration_s = time.perf_counter() - start
     finally:
         fixtures.cleanup()

@@ -11,6 +11,7 @@ be whole. Seeded, and bounded in time (KILLS cycles of a second or two each).
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -26,7 +27,7 @@ from testkit.harness import Stubs, SubprocessServer
 
 pytestmark = pytest.mark.e2e
 
-KILLS = 20
+KILLS = int(os.environ.get("RAGPLANE_CRASH_KILLS", "20"))  # `make crash` runs 100
 DIM = 8
 SEED = 20261129
 COLL = "crash"
