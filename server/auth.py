@@ -22,6 +22,7 @@ import grpc
 
 from core.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
 from core.sqlite import connect
+from core.storage import storage_errors
 
 SCOPES = ("read", "write", "admin")
 DEFAULT_TENANT = "default"
@@ -82,6 +83,7 @@ class KeyStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = connect(path)
+        self._dir = path.parent  # named by StorageFull / StorageReadOnly on a write
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS keys (key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, "
             "scopes TEXT NOT NULL, hash TEXT NOT NULL, description TEXT NOT NULL, "
@@ -124,7 +126,7 @@ class KeyStore:
         key_id = secrets.token_hex(6) if secret is None else _hash(secret)[:12]
         secret = secret or f"rpk_{key_id}_{secrets.token_urlsafe(24)}"
         info = KeyInfo(key_id, tenant, tuple(sorted(set(scopes))), description, time.time(), False)
-        with self._lock:
+        with self._lock, storage_errors(self._dir):
             self._db.execute(
                 "INSERT OR REPLACE INTO keys VALUES (?, ?, ?, ?, ?, ?, 0)",
                 (
@@ -152,7 +154,7 @@ class KeyStore:
         return [KeyInfo(k, t, tuple(s.split(",")), d, c, bool(r)) for k, t, s, d, c, r in rows]
 
     def revoke(self, key_id: str) -> bool:
-        with self._lock:
+        with self._lock, storage_errors(self._dir):
             cur = self._db.execute("UPDATE keys SET revoked = 1 WHERE key_id = ?", (key_id,))
             self._reload()
         if cur.rowcount == 0:

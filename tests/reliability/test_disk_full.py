@@ -19,6 +19,7 @@ import pytest
 from core.errors import Corrupt, StorageFull, StorageReadOnly
 from core.storage import storage_error
 from ragplane.v1 import common_pb2, index_pb2, search_pb2
+from server.auth import KeyStore
 from server.shadow.evidence import EvidenceStore
 from server.shadow.experiment import Experiment, Observation
 from testkit.harness import SubprocessServer
@@ -111,8 +112,8 @@ def test_full_disk_refuses_writes_clearly_and_recovers_without_restart(volume):
         srv.stop()
 
 
-def _fill_evidence(store: EvidenceStore, vol: Path) -> None:
-    (vol / "filler").write_bytes(b"")
+def _fill_volume(vol: Path) -> None:
+    """Write a filler file until the volume has no room left."""
     with open(vol / "filler", "ab") as f:
         try:
             while True:
@@ -120,6 +121,10 @@ def _fill_evidence(store: EvidenceStore, vol: Path) -> None:
                 f.flush()
         except OSError:
             pass
+
+
+def _fill_evidence(store: EvidenceStore, vol: Path) -> None:
+    _fill_volume(vol)
     with pytest.raises(StorageFull, match=str(vol)):
         for k in range(10_000):
             store.record_agreement("embeddings", f"r{k}", [0.99] * 2000)
@@ -138,6 +143,23 @@ def test_evidence_store_refuses_then_recovers_on_a_full_disk(tmp_path):
         store.set_serving("embeddings", "rust@1", "flip", False, "test")
         assert store.serving("embeddings") == "rust@1"
         store.close()
+    finally:
+        subprocess.run(["umount", "-l", str(vol)], check=False)
+
+
+def test_key_store_refuses_then_recovers_on_a_full_disk(tmp_path):
+    vol = tmp_path / "keys"
+    _mount(vol, "1m")
+    try:
+        keys = KeyStore(vol / "keys.db")
+        _fill_volume(vol)
+        with pytest.raises(StorageFull, match=str(vol)):
+            for k in range(1000):
+                keys.create(f"t{k}", ["read"], description="d" * 4000)
+        (vol / "filler").unlink()
+        info, _ = keys.create("after", ["read"])
+        assert info.key_id in {k.key_id for k in keys.list()}
+        keys.close()
     finally:
         subprocess.run(["umount", "-l", str(vol)], check=False)
 
