@@ -34,74 +34,82 @@ pub fn attention(qkv: &[f32], heads: usize, dh: usize, spans: &[(usize, usize)],
     let dst = SendPtr(out.as_mut_ptr());
     let scale = 1.0 / (dh as f32).sqrt();
     let token = (3 * h) as isize; // stride between tokens in qkv
-    (0..spans.len() * heads).into_par_iter().for_each_init(
-        || (Vec::new(), Vec::new()),
-        |(scores, inv_sums), task| {
-            let (seq, head) = (task / heads, task % heads);
-            let (first, len) = spans[seq];
-            if len == 0 {
-                return;
-            }
-            let base = first * 3 * h + head * dh;
-            let (q, k, v) = (&qkv[base..], &qkv[base + h..], &qkv[base + 2 * h..]);
-            scores.resize(len * len, 0.0);
-            inv_sums.resize(len, 0.0);
-            // SAFETY: q, k, v hold `len` tokens at stride `token` with `dh` values each
-            // (spans checked against qkv's length above); `scores` is len x len.
-            unsafe {
-                gemm::gemm(
-                    len,
-                    len,
-                    dh,
-                    scores.as_mut_ptr(),
-                    1,
-                    len as isize,
-                    false,
-                    q.as_ptr(),
-                    1,
-                    token,
-                    k.as_ptr(),
-                    token, // K^T: column j is token j
-                    1,
-                    0.0,
-                    scale,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-            }
-            softmax_rows(scores, inv_sums);
-            // SAFETY: this task alone writes rows first..first+len, columns
-            // head*dh..(head+1)*dh of `out` (spans are disjoint; tasks differ in span or
-            // head); `out` outlives the parallel loop.
-            unsafe {
-                gemm::gemm(
-                    len,
-                    dh,
-                    len,
-                    dst.at(first * h + head * dh),
-                    1,
-                    h as isize,
-                    false,
-                    scores.as_ptr(),
-                    1,
-                    len as isize,
-                    v.as_ptr(),
-                    1,
-                    token,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-                // the softmax's normalisation, on len x dh values instead of len x len
-                scale_rows(dst.at(first * h + head * dh), h, dh, inv_sums);
-            }
-        },
-    );
+    let head_task = |(scores, inv_sums): &mut (Vec<f32>, Vec<f32>), task: usize| {
+        let (seq, head) = (task / heads, task % heads);
+        let (first, len) = spans[seq];
+        if len == 0 {
+            return;
+        }
+        let base = first * 3 * h + head * dh;
+        let (q, k, v) = (&qkv[base..], &qkv[base + h..], &qkv[base + 2 * h..]);
+        scores.resize(len * len, 0.0);
+        inv_sums.resize(len, 0.0);
+        // SAFETY: q, k, v hold `len` tokens at stride `token` with `dh` values each
+        // (spans checked against qkv's length above); `scores` is len x len.
+        unsafe {
+            gemm::gemm(
+                len,
+                len,
+                dh,
+                scores.as_mut_ptr(),
+                1,
+                len as isize,
+                false,
+                q.as_ptr(),
+                1,
+                token,
+                k.as_ptr(),
+                token, // K^T: column j is token j
+                1,
+                0.0,
+                scale,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+        softmax_rows(scores, inv_sums);
+        // SAFETY: this task alone writes rows first..first+len, columns
+        // head*dh..(head+1)*dh of `out` (spans are disjoint; tasks differ in span or
+        // head); `out` outlives the parallel loop.
+        unsafe {
+            gemm::gemm(
+                len,
+                dh,
+                len,
+                dst.at(first * h + head * dh),
+                1,
+                h as isize,
+                false,
+                scores.as_ptr(),
+                1,
+                len as isize,
+                v.as_ptr(),
+                1,
+                token,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+            // the softmax's normalisation, on len x dh values instead of len x len
+            scale_rows(dst.at(first * h + head * dh), h, dh, inv_sums);
+        }
+    };
+    let work: usize = spans.iter().map(|&(_, len)| len * len).sum::<usize>() * heads * dh * 2;
+    let tasks = 0..spans.len() * heads;
+    if work < super::packed::SERIAL_FMAS {
+        let mut scratch = (Vec::new(), Vec::new());
+        tasks.for_each(|task| head_task(&mut scratch, task));
+    } else {
+        tasks
+            .into_par_iter()
+            .with_max_len(1)
+            .for_each_init(|| (Vec::new(), Vec::new()), head_task);
+    }
 }
 
 multiversion!(fn softmax_rows(scores: &mut [f32], inv_sums: &mut [f32]), softmax_rows_generic);

@@ -19,6 +19,9 @@ use super::SendPtr;
 pub const NR: usize = 32;
 /// Rows per register tile.
 pub const MR: usize = 8;
+/// Below this many multiply-adds (~0.2 ms on one core) a product runs on the calling
+/// thread: splitting it costs more in wake-ups and joins than it saves (one short text).
+pub const SERIAL_FMAS: usize = 16 << 20;
 /// Rows a rayon task covers: a panel is reused for this many rows while it is in cache.
 const TASK_ROWS: usize = 8 * MR;
 
@@ -89,7 +92,7 @@ impl PackedLinear {
         let kernel = kernel();
         // Row chunks outermost: neighbouring tasks share rows of x, and each task keeps its
         // panel in cache across its rows.
-        (0..row_tasks * n_panels).into_par_iter().for_each(|task| {
+        let run = |task: usize| {
             let (chunk, panel) = (task / n_panels, task % n_panels);
             let rows = chunk * TASK_ROWS..(m).min((chunk + 1) * TASK_ROWS);
             let cols = NR.min(self.d_out - panel * NR);
@@ -113,7 +116,15 @@ impl PackedLinear {
                 kernel(&tile);
                 r += n;
             }
-        });
+        };
+        let tasks = 0..row_tasks * n_panels;
+        if m * self.d_in * self.d_out < SERIAL_FMAS {
+            tasks.for_each(run);
+        } else {
+            // one task per leaf: a worker that is preempted holds back one tile's rows,
+            // not a quarter of the product
+            tasks.into_par_iter().with_max_len(1).for_each(run);
+        }
     }
 }
 
