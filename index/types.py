@@ -33,6 +33,29 @@ class IndexType(enum.StrEnum):
     IVF_PQ = "ivf_pq"
 
 
+class SearchMode(enum.StrEnum):
+    DENSE = "dense"  # nearest neighbours of the query vector
+    LEXICAL = "lexical"  # BM25 over item text (SQLite FTS5)
+    HYBRID = "hybrid"  # both, fused
+
+
+class FusionMethod(enum.StrEnum):
+    RRF = "rrf"  # reciprocal rank fusion: ranks only
+    WEIGHTED = "weighted"  # weighted sum of min-max normalised scores
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """How a hybrid search combines its two rankings (see `index.fusion`).
+
+    `rrf_k` is RRF's rank constant (> 0); `dense_weight` in [0, 1] is the dense ranking's
+    share in both methods (0.5 = plain RRF, or an even weighted sum)."""
+
+    method: FusionMethod = FusionMethod.RRF
+    rrf_k: int = 60
+    dense_weight: float = 0.5
+
+
 class FilterOp(enum.StrEnum):
     EQ = "eq"
     NE = "ne"
@@ -92,6 +115,7 @@ class CollectionInfo:
     tombstones: int  # deleted or replaced vectors still in the index until a rebuild
     params: IndexParams
     created_at: float  # unix seconds
+    lexical_index: bool = True  # keeps an FTS5 index of item text (LEXICAL / HYBRID search)
 
 
 @dataclass(frozen=True)
@@ -107,10 +131,16 @@ class Record:
 
 @dataclass(frozen=True)
 class Hit:
+    """`score` orders the hits (higher is better): the dense, lexical or fused score by mode.
+    The three parts are None where the mode did not compute them."""
+
     id: str
     score: float  # higher is better for every metric
     text: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    dense: float | None = None  # similarity by the collection's metric
+    lexical: float | None = None  # BM25, negated so higher is better; 0 = no query word
+    fused: float | None = None  # hybrid only
 
 
 @dataclass(frozen=True)

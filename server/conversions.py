@@ -21,11 +21,14 @@ from index.types import (
     Condition,
     Filter,
     FilterOp,
+    Fusion,
+    FusionMethod,
     Hit,
     IndexParams,
     IndexType,
     Metric,
     Record,
+    SearchMode,
     SearchResult,
 )
 from ragplane.v1 import admin_pb2, common_pb2, index_pb2, memory_pb2, search_pb2
@@ -48,6 +51,21 @@ INDEX_TYPE_TO_PB = {
 }
 INDEX_TYPE_FROM_PB = {v: k for k, v in INDEX_TYPE_TO_PB.items()} | {
     index_pb2.INDEX_TYPE_UNSPECIFIED: IndexType.FLAT
+}
+SEARCH_MODE_TO_PB = {
+    SearchMode.DENSE: common_pb2.SEARCH_MODE_DENSE,
+    SearchMode.LEXICAL: common_pb2.SEARCH_MODE_LEXICAL,
+    SearchMode.HYBRID: common_pb2.SEARCH_MODE_HYBRID,
+}
+SEARCH_MODE_FROM_PB = {v: k for k, v in SEARCH_MODE_TO_PB.items()} | {
+    common_pb2.SEARCH_MODE_UNSPECIFIED: SearchMode.DENSE
+}
+FUSION_METHOD_TO_PB = {
+    FusionMethod.RRF: common_pb2.FUSION_METHOD_RRF,
+    FusionMethod.WEIGHTED: common_pb2.FUSION_METHOD_WEIGHTED,
+}
+FUSION_METHOD_FROM_PB = {v: k for k, v in FUSION_METHOD_TO_PB.items()} | {
+    common_pb2.FUSION_METHOD_UNSPECIFIED: FusionMethod.RRF
 }
 FILTER_OP_TO_PB = {op: getattr(common_pb2, f"FILTER_OP_{op.name}") for op in FilterOp}
 FILTER_OP_FROM_PB = {v: k for k, v in FILTER_OP_TO_PB.items()}
@@ -73,6 +91,43 @@ def index_type_from_pb(value: int) -> IndexType:
             f"index type {value} is unknown; use INDEX_TYPE_FLAT, INDEX_TYPE_HNSW or "
             "INDEX_TYPE_IVF_PQ"
         ) from None
+
+
+def search_mode_from_pb(value: int) -> SearchMode:
+    try:
+        return SEARCH_MODE_FROM_PB[value]
+    except KeyError:
+        raise InvalidArgument(
+            f"mode {value} is unknown; use SEARCH_MODE_DENSE, SEARCH_MODE_LEXICAL or "
+            "SEARCH_MODE_HYBRID"
+        ) from None
+
+
+def search_mode_to_pb(mode: SearchMode) -> int:
+    return SEARCH_MODE_TO_PB[mode]
+
+
+def fusion_from_pb(pb: common_pb2.Fusion) -> Fusion:
+    """Zero and unset fields take their defaults; index.fusion.check validates the rest."""
+    try:
+        method = FUSION_METHOD_FROM_PB[pb.method]
+    except KeyError:
+        raise InvalidArgument(
+            f"fusion.method {pb.method} is unknown; use FUSION_METHOD_RRF or "
+            "FUSION_METHOD_WEIGHTED"
+        ) from None
+    default = Fusion()
+    return Fusion(
+        method=method,
+        rrf_k=pb.rrf_k or default.rrf_k,
+        dense_weight=pb.dense_weight if pb.HasField("dense_weight") else default.dense_weight,
+    )
+
+
+def fusion_to_pb(f: Fusion) -> common_pb2.Fusion:
+    return common_pb2.Fusion(
+        method=FUSION_METHOD_TO_PB[f.method], rrf_k=f.rrf_k, dense_weight=f.dense_weight
+    )
 
 
 # --- metadata --------------------------------------------------------------------------
@@ -207,6 +262,7 @@ def collection_info_to_pb(c: CollectionInfo) -> index_pb2.CollectionInfo:
         tombstones=c.tombstones,
         params=params_to_pb(c.params),
         created_at=c.created_at,
+        lexical_index=c.lexical_index,
     )
 
 
@@ -225,7 +281,13 @@ def collection_info_from_pb(
         tombstones=pb.tombstones,
         params=params_from_pb(pb.params),
         created_at=pb.created_at,
+        lexical_index=pb.lexical_index,
     )
+
+
+def lexical_index_from_pb(pb: index_pb2.CreateCollectionRequest) -> bool:
+    """CreateCollectionRequest.lexical_index: unset means keep one."""
+    return pb.lexical_index if pb.HasField("lexical_index") else True
 
 
 # --- items -----------------------------------------------------------------------------
@@ -245,11 +307,32 @@ def record_to_item(r: Record, include_vector: bool = True) -> common_pb2.Item:
 
 
 def hit_to_pb(h: Hit) -> search_pb2.Hit:
-    return search_pb2.Hit(id=h.id, score=h.score, text=h.text, metadata=dict_to_struct(h.metadata))
+    # None stays unset: "not computed by this mode" differs from a score of 0.
+    return search_pb2.Hit(
+        id=h.id,
+        score=h.score,
+        text=h.text,
+        metadata=dict_to_struct(h.metadata),
+        dense_score=h.dense,
+        lexical_score=h.lexical,
+        fused_score=h.fused,
+    )
+
+
+def _optional(pb: Any, name: str) -> float | None:
+    return getattr(pb, name) if pb.HasField(name) else None
 
 
 def hit_from_pb(pb: search_pb2.Hit) -> Hit:
-    return Hit(id=pb.id, score=pb.score, text=pb.text, metadata=struct_to_dict(pb.metadata))
+    return Hit(
+        id=pb.id,
+        score=pb.score,
+        text=pb.text,
+        metadata=struct_to_dict(pb.metadata),
+        dense=_optional(pb, "dense_score"),
+        lexical=_optional(pb, "lexical_score"),
+        fused=_optional(pb, "fused_score"),
+    )
 
 
 def search_result_to_pb(r: SearchResult, embedder: str = "") -> search_pb2.SearchResponse:
@@ -282,7 +365,12 @@ def memory_to_pb(m: Memory) -> memory_pb2.Memory:
         expires_at=m.expires_at,
         score=m.score,
         parts=memory_pb2.ScoreParts(
-            relevance=m.relevance, recency=m.recency, importance=m.importance
+            relevance=m.relevance,
+            recency=m.recency,
+            importance=m.importance,
+            dense=m.dense,
+            lexical=m.lexical,
+            fused=m.fused,
         ),
     )
 
@@ -300,6 +388,9 @@ def memory_from_pb(pb: memory_pb2.Memory) -> Memory:
         score=pb.score,
         relevance=pb.parts.relevance,
         recency=pb.parts.recency,
+        dense=_optional(pb.parts, "dense"),
+        lexical=_optional(pb.parts, "lexical"),
+        fused=_optional(pb.parts, "fused"),
     )
 
 

@@ -56,6 +56,10 @@ class Memory:
     score: float = 0.0
     relevance: float = 0.0
     recency: float = 0.0
+    # The relevance's sources, as in index.types.Hit; None where the mode did not compute one.
+    dense: float | None = None
+    lexical: float | None = None
+    fused: float | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ragplane/v1/common.proto\x12\x0bragplane.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x18\n\x06Vector\x12\x0e\n\x06values\x18\x01 \x03(\x02\"d\n\tCondition\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12!\n\x02op\x18\x02 \x01(\x0e\x32\x15.ragplane.v1.FilterOp\x12%\n\x05value\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\"\x80\x01\n\x06\x46ilter\x12$\n\x04must\x18\x01 \x03(\x0b\x32\x16.ragplane.v1.Condition\x12&\n\x06should\x18\x02 \x03(\x0b\x32\x16.ragplane.v1.Condition\x12(\n\x08must_not\x18\x03 \x03(\x0b\x32\x16.ragplane.v1.Condition\"[\n\x04Item\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06vector\x18\x03 \x03(\x02\x12)\n\x08metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x15\n\x06IdList\x12\x0b\n\x03ids\x18\x01 \x03(\t*\xce\x01\n\x08\x46ilterOp\x12\x19\n\x15\x46ILTER_OP_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x46ILTER_OP_EQ\x10\x01\x12\x10\n\x0c\x46ILTER_OP_NE\x10\x02\x12\x10\n\x0c\x46ILTER_OP_IN\x10\x03\x12\x11\n\rFILTER_OP_NIN\x10\x04\x12\x10\n\x0c\x46ILTER_OP_GT\x10\x05\x12\x11\n\rFILTER_OP_GTE\x10\x06\x12\x10\n\x0c\x46ILTER_OP_LT\x10\x07\x12\x11\n\rFILTER_OP_LTE\x10\x08\x12\x14\n\x10\x46ILTER_OP_EXISTS\x10\tB?Z=github.com/ragplane/ragplane/clients/go/ragplanev1;ragplanev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ragplane/v1/common.proto\x12\x0bragplane.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x18\n\x06Vector\x12\x0e\n\x06values\x18\x01 \x03(\x02\"d\n\tCondition\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12!\n\x02op\x18\x02 \x01(\x0e\x32\x15.ragplane.v1.FilterOp\x12%\n\x05value\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\"\x80\x01\n\x06\x46ilter\x12$\n\x04must\x18\x01 \x03(\x0b\x32\x16.ragplane.v1.Condition\x12&\n\x06should\x18\x02 \x03(\x0b\x32\x16.ragplane.v1.Condition\x12(\n\x08must_not\x18\x03 \x03(\x0b\x32\x16.ragplane.v1.Condition\"[\n\x04Item\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06vector\x18\x03 \x03(\x02\x12)\n\x08metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x15\n\x06IdList\x12\x0b\n\x03ids\x18\x01 \x03(\t\"n\n\x06\x46usion\x12)\n\x06method\x18\x01 \x01(\x0e\x32\x19.ragplane.v1.FusionMethod\x12\r\n\x05rrf_k\x18\x02 \x01(\x05\x12\x19\n\x0c\x64\x65nse_weight\x18\x03 \x01(\x02H\x00\x88\x01\x01\x42\x0f\n\r_dense_weight*\xce\x01\n\x08\x46ilterOp\x12\x19\n\x15\x46ILTER_OP_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x46ILTER_OP_EQ\x10\x01\x12\x10\n\x0c\x46ILTER_OP_NE\x10\x02\x12\x10\n\x0c\x46ILTER_OP_IN\x10\x03\x12\x11\n\rFILTER_OP_NIN\x10\x04\x12\x10\n\x0c\x46ILTER_OP_GT\x10\x05\x12\x11\n\rFILTER_OP_GTE\x10\x06\x12\x10\n\x0c\x46ILTER_OP_LT\x10\x07\x12\x11\n\rFILTER_OP_LTE\x10\x08\x12\x14\n\x10\x46ILTER_OP_EXISTS\x10\t*q\n\nSearchMode\x12\x1b\n\x17SEARCH_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11SEARCH_MODE_DENSE\x10\x01\x12\x17\n\x13SEARCH_MODE_LEXICAL\x10\x02\x12\x16\n\x12SEARCH_MODE_HYBRID\x10\x03*`\n\x0c\x46usionMethod\x12\x1d\n\x19\x46USION_METHOD_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46USION_METHOD_RRF\x10\x01\x12\x1a\n\x16\x46USION_METHOD_WEIGHTED\x10\x02\x42?Z=github.com/ragplane/ragplane/clients/go/ragplanev1;ragplanev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,12 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ragplane.v1.common_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z=github.com/ragplane/ragplane/clients/go/ragplanev1;ragplanev1'
-  _globals['_FILTEROP']._serialized_start=447
-  _globals['_FILTEROP']._serialized_end=653
+  _globals['_FILTEROP']._serialized_start=559
+  _globals['_FILTEROP']._serialized_end=765
+  _globals['_SEARCHMODE']._serialized_start=767
+  _globals['_SEARCHMODE']._serialized_end=880
+  _globals['_FUSIONMETHOD']._serialized_start=882
+  _globals['_FUSIONMETHOD']._serialized_end=978
   _globals['_VECTOR']._serialized_start=71
   _globals['_VECTOR']._serialized_end=95
   _globals['_CONDITION']._serialized_start=97
@@ -46,4 +50,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ITEM']._serialized_end=421
   _globals['_IDLIST']._serialized_start=423
   _globals['_IDLIST']._serialized_end=444
+  _globals['_FUSION']._serialized_start=446
+  _globals['_FUSION']._serialized_end=556
 # @@protoc_insertion_point(module_scope)

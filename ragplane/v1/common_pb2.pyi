@@ -21,6 +21,19 @@ class FilterOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FILTER_OP_LT: _ClassVar[FilterOp]
     FILTER_OP_LTE: _ClassVar[FilterOp]
     FILTER_OP_EXISTS: _ClassVar[FilterOp]
+
+class SearchMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEARCH_MODE_UNSPECIFIED: _ClassVar[SearchMode]
+    SEARCH_MODE_DENSE: _ClassVar[SearchMode]
+    SEARCH_MODE_LEXICAL: _ClassVar[SearchMode]
+    SEARCH_MODE_HYBRID: _ClassVar[SearchMode]
+
+class FusionMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FUSION_METHOD_UNSPECIFIED: _ClassVar[FusionMethod]
+    FUSION_METHOD_RRF: _ClassVar[FusionMethod]
+    FUSION_METHOD_WEIGHTED: _ClassVar[FusionMethod]
 FILTER_OP_UNSPECIFIED: FilterOp
 FILTER_OP_EQ: FilterOp
 FILTER_OP_NE: FilterOp
@@ -31,6 +44,13 @@ FILTER_OP_GTE: FilterOp
 FILTER_OP_LT: FilterOp
 FILTER_OP_LTE: FilterOp
 FILTER_OP_EXISTS: FilterOp
+SEARCH_MODE_UNSPECIFIED: SearchMode
+SEARCH_MODE_DENSE: SearchMode
+SEARCH_MODE_LEXICAL: SearchMode
+SEARCH_MODE_HYBRID: SearchMode
+FUSION_METHOD_UNSPECIFIED: FusionMethod
+FUSION_METHOD_RRF: FusionMethod
+FUSION_METHOD_WEIGHTED: FusionMethod
 
 class Vector(_message.Message):
     __slots__ = ("values",)
@@ -75,3 +95,13 @@ class IdList(_message.Message):
     IDS_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Fusion(_message.Message):
+    __slots__ = ("method", "rrf_k", "dense_weight")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    RRF_K_FIELD_NUMBER: _ClassVar[int]
+    DENSE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    method: FusionMethod
+    rrf_k: int
+    dense_weight: float
+    def __init__(self, method: _Optional[_Union[FusionMethod, str]] = ..., rrf_k: _Optional[int] = ..., dense_weight: _Optional[float] = ...) -> None: ...

@@ -48,21 +48,23 @@ class IndexParams(_message.Message):
     def __init__(self, hnsw_m: _Optional[int] = ..., hnsw_ef_construction: _Optional[int] = ..., hnsw_ef_search: _Optional[int] = ..., ivf_nlist: _Optional[int] = ..., ivf_nprobe: _Optional[int] = ..., pq_m: _Optional[int] = ...) -> None: ...
 
 class CreateCollectionRequest(_message.Message):
-    __slots__ = ("name", "metric", "index_type", "dim", "params")
+    __slots__ = ("name", "metric", "index_type", "dim", "params", "lexical_index")
     NAME_FIELD_NUMBER: _ClassVar[int]
     METRIC_FIELD_NUMBER: _ClassVar[int]
     INDEX_TYPE_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    LEXICAL_INDEX_FIELD_NUMBER: _ClassVar[int]
     name: str
     metric: Metric
     index_type: IndexType
     dim: int
     params: IndexParams
-    def __init__(self, name: _Optional[str] = ..., metric: _Optional[_Union[Metric, str]] = ..., index_type: _Optional[_Union[IndexType, str]] = ..., dim: _Optional[int] = ..., params: _Optional[_Union[IndexParams, _Mapping]] = ...) -> None: ...
+    lexical_index: bool
+    def __init__(self, name: _Optional[str] = ..., metric: _Optional[_Union[Metric, str]] = ..., index_type: _Optional[_Union[IndexType, str]] = ..., dim: _Optional[int] = ..., params: _Optional[_Union[IndexParams, _Mapping]] = ..., lexical_index: _Optional[bool] = ...) -> None: ...
 
 class CollectionInfo(_message.Message):
-    __slots__ = ("name", "count", "dim", "metric", "index_type", "embedder", "generation", "tombstones", "params", "created_at")
+    __slots__ = ("name", "count", "dim", "metric", "index_type", "embedder", "generation", "tombstones", "params", "created_at", "lexical_index")
     NAME_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +75,7 @@ class CollectionInfo(_message.Message):
     TOMBSTONES_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    LEXICAL_INDEX_FIELD_NUMBER: _ClassVar[int]
     name: str
     count: int
     dim: int
@@ -83,7 +86,8 @@ class CollectionInfo(_message.Message):
     tombstones: int
     params: IndexParams
     created_at: float
-    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., dim: _Optional[int] = ..., metric: _Optional[_Union[Metric, str]] = ..., index_type: _Optional[_Union[IndexType, str]] = ..., embedder: _Optional[str] = ..., generation: _Optional[int] = ..., tombstones: _Optional[int] = ..., params: _Optional[_Union[IndexParams, _Mapping]] = ..., created_at: _Optional[float] = ...) -> None: ...
+    lexical_index: bool
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., dim: _Optional[int] = ..., metric: _Optional[_Union[Metric, str]] = ..., index_type: _Optional[_Union[IndexType, str]] = ..., embedder: _Optional[str] = ..., generation: _Optional[int] = ..., tombstones: _Optional[int] = ..., params: _Optional[_Union[IndexParams, _Mapping]] = ..., created_at: _Optional[float] = ..., lexical_index: _Optional[bool] = ...) -> None: ...
 
 class DeleteCollectionRequest(_message.Message):
     __slots__ = ("name",)

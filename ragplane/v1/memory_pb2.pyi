@@ -32,14 +32,20 @@ class RememberResponse(_message.Message):
     def __init__(self, id: _Optional[str] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
 
 class ScoreParts(_message.Message):
-    __slots__ = ("relevance", "recency", "importance")
+    __slots__ = ("relevance", "recency", "importance", "dense", "lexical", "fused")
     RELEVANCE_FIELD_NUMBER: _ClassVar[int]
     RECENCY_FIELD_NUMBER: _ClassVar[int]
     IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    LEXICAL_FIELD_NUMBER: _ClassVar[int]
+    FUSED_FIELD_NUMBER: _ClassVar[int]
     relevance: float
     recency: float
     importance: float
-    def __init__(self, relevance: _Optional[float] = ..., recency: _Optional[float] = ..., importance: _Optional[float] = ...) -> None: ...
+    dense: float
+    lexical: float
+    fused: float
+    def __init__(self, relevance: _Optional[float] = ..., recency: _Optional[float] = ..., importance: _Optional[float] = ..., dense: _Optional[float] = ..., lexical: _Optional[float] = ..., fused: _Optional[float] = ...) -> None: ...
 
 class Memory(_message.Message):
     __slots__ = ("id", "namespace", "text", "metadata", "importance", "created_at", "updated_at", "expires_at", "score", "parts")
@@ -66,16 +72,20 @@ class Memory(_message.Message):
     def __init__(self, id: _Optional[str] = ..., namespace: _Optional[str] = ..., text: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., importance: _Optional[float] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., score: _Optional[float] = ..., parts: _Optional[_Union[ScoreParts, _Mapping]] = ...) -> None: ...
 
 class RecallRequest(_message.Message):
-    __slots__ = ("namespace", "query", "top_k", "filter")
+    __slots__ = ("namespace", "query", "top_k", "filter", "mode", "fusion")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FUSION_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     query: str
     top_k: int
     filter: _common_pb2.Filter
-    def __init__(self, namespace: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., filter: _Optional[_Union[_common_pb2.Filter, _Mapping]] = ...) -> None: ...
+    mode: _common_pb2.SearchMode
+    fusion: _common_pb2.Fusion
+    def __init__(self, namespace: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., filter: _Optional[_Union[_common_pb2.Filter, _Mapping]] = ..., mode: _Optional[_Union[_common_pb2.SearchMode, str]] = ..., fusion: _Optional[_Union[_common_pb2.Fusion, _Mapping]] = ...) -> None: ...
 
 class RecallResponse(_message.Message):
     __slots__ = ("memories",)

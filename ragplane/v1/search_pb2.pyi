@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SearchRequest(_message.Message):
-    __slots__ = ("collection", "text", "vector", "top_k", "filter", "include_text", "include_metadata")
+    __slots__ = ("collection", "text", "vector", "top_k", "filter", "include_text", "include_metadata", "mode", "fusion")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     VECTOR_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,8 @@ class SearchRequest(_message.Message):
     FILTER_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_TEXT_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_METADATA_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FUSION_FIELD_NUMBER: _ClassVar[int]
     collection: str
     text: str
     vector: _common_pb2.Vector
@@ -25,19 +27,27 @@ class SearchRequest(_message.Message):
     filter: _common_pb2.Filter
     include_text: bool
     include_metadata: bool
-    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ..., top_k: _Optional[int] = ..., filter: _Optional[_Union[_common_pb2.Filter, _Mapping]] = ..., include_text: _Optional[bool] = ..., include_metadata: _Optional[bool] = ...) -> None: ...
+    mode: _common_pb2.SearchMode
+    fusion: _common_pb2.Fusion
+    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ..., top_k: _Optional[int] = ..., filter: _Optional[_Union[_common_pb2.Filter, _Mapping]] = ..., include_text: _Optional[bool] = ..., include_metadata: _Optional[bool] = ..., mode: _Optional[_Union[_common_pb2.SearchMode, str]] = ..., fusion: _Optional[_Union[_common_pb2.Fusion, _Mapping]] = ...) -> None: ...
 
 class Hit(_message.Message):
-    __slots__ = ("id", "score", "text", "metadata")
+    __slots__ = ("id", "score", "text", "metadata", "dense_score", "lexical_score", "fused_score")
     ID_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    DENSE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    LEXICAL_SCORE_FIELD_NUMBER: _ClassVar[int]
+    FUSED_SCORE_FIELD_NUMBER: _ClassVar[int]
     id: str
     score: float
     text: str
     metadata: _struct_pb2.Struct
-    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., text: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    dense_score: float
+    lexical_score: float
+    fused_score: float
+    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., text: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., dense_score: _Optional[float] = ..., lexical_score: _Optional[float] = ..., fused_score: _Optional[float] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
     __slots__ = ("hits", "returned_k", "exhaustive", "embedder")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -11,14 +13,19 @@ from index.types import (
     Condition,
     Filter,
     FilterOp,
+    Fusion,
+    FusionMethod,
     Hit,
     IndexParams,
     IndexType,
     Metric,
     Record,
+    SearchMode,
     SearchResult,
 )
+from ragplane.v1 import common_pb2, index_pb2, search_pb2
 from server import conversions as conv
+from server.memory import Memory
 
 
 def test_filter_round_trip_every_op():
@@ -59,6 +66,14 @@ def test_collection_info_round_trip():
         123.5,
     )
     assert conv.collection_info_from_pb(conv.collection_info_to_pb(c)) == c
+    no_lexical = dataclasses.replace(c, lexical_index=False)
+    assert conv.collection_info_from_pb(conv.collection_info_to_pb(no_lexical)) == no_lexical
+
+
+def test_lexical_index_defaults_to_on():
+    assert conv.lexical_index_from_pb(index_pb2.CreateCollectionRequest(name="c")) is True
+    off = index_pb2.CreateCollectionRequest(name="c", lexical_index=False)
+    assert conv.lexical_index_from_pb(off) is False
 
 
 def test_record_hit_and_search_result_round_trip():
@@ -68,6 +83,51 @@ def test_record_hit_and_search_result_round_trip():
     np.testing.assert_array_equal(back.vector, r.vector)
     res = SearchResult([Hit("a", 0.5, "t", {"k": "v"}), Hit("b", 0.25)], 2, True)
     assert conv.search_result_from_pb(conv.search_result_to_pb(res)) == res
+    hybrid = SearchResult(
+        [
+            Hit("a", 0.03125, dense=0.75, lexical=4.5, fused=0.03125),
+            Hit("b", 0.015625, dense=-0.5, lexical=0.0, fused=0.015625),  # 0 is not unset
+            Hit("c", 2.5, lexical=2.5),
+        ],
+        3,
+        False,
+    )
+    assert conv.search_result_from_pb(conv.search_result_to_pb(hybrid)) == hybrid
+    pb = conv.hit_to_pb(Hit("d", 0.5, dense=0.5))
+    assert pb.HasField("dense_score") and not pb.HasField("lexical_score")
+
+
+@pytest.mark.parametrize("mode", list(SearchMode))
+def test_search_mode_round_trip(mode):
+    assert conv.search_mode_from_pb(conv.search_mode_to_pb(mode)) is mode
+
+
+def test_search_mode_unset_is_dense():
+    assert conv.search_mode_from_pb(search_pb2.SearchRequest().mode) is SearchMode.DENSE
+
+
+@pytest.mark.parametrize(
+    "f",
+    [Fusion(), Fusion(FusionMethod.WEIGHTED, 10, 0.25), Fusion(FusionMethod.RRF, 1, 0.0)],
+)
+def test_fusion_round_trip(f):
+    assert conv.fusion_from_pb(conv.fusion_to_pb(f)) == f
+
+
+def test_fusion_unset_fields_take_defaults():
+    assert conv.fusion_from_pb(common_pb2.Fusion()) == Fusion()
+    # An explicit weight of 0 (all lexical) is kept, not mistaken for "unset".
+    assert conv.fusion_from_pb(common_pb2.Fusion(dense_weight=0.0)).dense_weight == 0.0
+
+
+def test_memory_round_trip():
+    m = Memory(
+        "m1", "ns", "text", {"k": "v"}, 0.75, 10.0, 20.0, 0.0, 0.5, 0.25, 0.125,
+        dense=0.5, lexical=3.0, fused=None,
+    )
+    assert conv.memory_from_pb(conv.memory_to_pb(m)) == m
+    dense_only = Memory("m2", "ns", "t", {}, 0.5, 1.0, 2.0, 3.0, 0.5, 0.5, 0.5, dense=0.5)
+    assert conv.memory_from_pb(conv.memory_to_pb(dense_only)) == dense_only
 
 
 @pytest.mark.parametrize("bad", [99, -1])
@@ -76,3 +136,7 @@ def test_unknown_enums_are_invalid_argument(bad):
         conv.metric_from_pb(bad)
     with pytest.raises(InvalidArgument):
         conv.index_type_from_pb(bad)
+    with pytest.raises(InvalidArgument, match="mode"):
+        conv.search_mode_from_pb(bad)
+    with pytest.raises(InvalidArgument, match="fusion.method"):
+        conv.fusion_from_pb(common_pb2.Fusion(method=bad))

@@ -93,6 +93,116 @@ func (FilterOp) EnumDescriptor() ([]byte, []int) {
 	return file_ragplane_v1_common_proto_rawDescGZIP(), []int{0}
 }
 
+// Which ranking a search (or a memory recall) uses.
+type SearchMode int32
+
+const (
+	SearchMode_SEARCH_MODE_UNSPECIFIED SearchMode = 0 // dense
+	// Nearest neighbours of the query's embedding (or of the vector sent).
+	SearchMode_SEARCH_MODE_DENSE SearchMode = 1
+	// BM25 over the item text (SQLite FTS5). The query text is matched word by word: any word
+	// may match, rarer words weigh more; FTS5 operators in it are plain words, never syntax.
+	SearchMode_SEARCH_MODE_LEXICAL SearchMode = 2
+	// Both rankings, fused as `Fusion` says. Needs query text.
+	SearchMode_SEARCH_MODE_HYBRID SearchMode = 3
+)
+
+// Enum value maps for SearchMode.
+var (
+	SearchMode_name = map[int32]string{
+		0: "SEARCH_MODE_UNSPECIFIED",
+		1: "SEARCH_MODE_DENSE",
+		2: "SEARCH_MODE_LEXICAL",
+		3: "SEARCH_MODE_HYBRID",
+	}
+	SearchMode_value = map[string]int32{
+		"SEARCH_MODE_UNSPECIFIED": 0,
+		"SEARCH_MODE_DENSE":       1,
+		"SEARCH_MODE_LEXICAL":     2,
+		"SEARCH_MODE_HYBRID":      3,
+	}
+)
+
+func (x SearchMode) Enum() *SearchMode {
+	p := new(SearchMode)
+	*p = x
+	return p
+}
+
+func (x SearchMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SearchMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_ragplane_v1_common_proto_enumTypes[1].Descriptor()
+}
+
+func (SearchMode) Type() protoreflect.EnumType {
+	return &file_ragplane_v1_common_proto_enumTypes[1]
+}
+
+func (x SearchMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SearchMode.Descriptor instead.
+func (SearchMode) EnumDescriptor() ([]byte, []int) {
+	return file_ragplane_v1_common_proto_rawDescGZIP(), []int{1}
+}
+
+type FusionMethod int32
+
+const (
+	FusionMethod_FUSION_METHOD_UNSPECIFIED FusionMethod = 0 // rrf
+	// Reciprocal rank fusion: sum over the two rankings of weight / (rrf_k + rank), ranks
+	// from 1. Uses ranks only, so the two scores' scales never matter.
+	FusionMethod_FUSION_METHOD_RRF FusionMethod = 1
+	// dense_weight * dense' + (1 - dense_weight) * lexical', where each score is min-max
+	// normalised to [0, 1] over the candidates of its ranking (0 where a candidate is absent).
+	FusionMethod_FUSION_METHOD_WEIGHTED FusionMethod = 2
+)
+
+// Enum value maps for FusionMethod.
+var (
+	FusionMethod_name = map[int32]string{
+		0: "FUSION_METHOD_UNSPECIFIED",
+		1: "FUSION_METHOD_RRF",
+		2: "FUSION_METHOD_WEIGHTED",
+	}
+	FusionMethod_value = map[string]int32{
+		"FUSION_METHOD_UNSPECIFIED": 0,
+		"FUSION_METHOD_RRF":         1,
+		"FUSION_METHOD_WEIGHTED":    2,
+	}
+)
+
+func (x FusionMethod) Enum() *FusionMethod {
+	p := new(FusionMethod)
+	*p = x
+	return p
+}
+
+func (x FusionMethod) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FusionMethod) Descriptor() protoreflect.EnumDescriptor {
+	return file_ragplane_v1_common_proto_enumTypes[2].Descriptor()
+}
+
+func (FusionMethod) Type() protoreflect.EnumType {
+	return &file_ragplane_v1_common_proto_enumTypes[2]
+}
+
+func (x FusionMethod) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FusionMethod.Descriptor instead.
+func (FusionMethod) EnumDescriptor() ([]byte, []int) {
+	return file_ragplane_v1_common_proto_rawDescGZIP(), []int{2}
+}
+
 // A dense float32 vector.
 type Vector struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -375,6 +485,70 @@ func (x *IdList) GetIds() []string {
 	return nil
 }
 
+// How SEARCH_MODE_HYBRID combines its two rankings. Ignored by the other modes.
+type Fusion struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Method FusionMethod           `protobuf:"varint,1,opt,name=method,proto3,enum=ragplane.v1.FusionMethod" json:"method,omitempty"`
+	// RRF's rank constant; 0 = 60. Larger values flatten the difference between top ranks.
+	RrfK int32 `protobuf:"varint,2,opt,name=rrf_k,json=rrfK,proto3" json:"rrf_k,omitempty"`
+	// Share of the dense ranking, in [0, 1]; unset = 0.5 (an even split). Both methods use it:
+	// RRF weighs the two reciprocal ranks 2 * w and 2 * (1 - w), so 0.5 is plain RRF.
+	DenseWeight   *float32 `protobuf:"fixed32,3,opt,name=dense_weight,json=denseWeight,proto3,oneof" json:"dense_weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Fusion) Reset() {
+	*x = Fusion{}
+	mi := &file_ragplane_v1_common_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Fusion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Fusion) ProtoMessage() {}
+
+func (x *Fusion) ProtoReflect() protoreflect.Message {
+	mi := &file_ragplane_v1_common_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Fusion.ProtoReflect.Descriptor instead.
+func (*Fusion) Descriptor() ([]byte, []int) {
+	return file_ragplane_v1_common_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Fusion) GetMethod() FusionMethod {
+	if x != nil {
+		return x.Method
+	}
+	return FusionMethod_FUSION_METHOD_UNSPECIFIED
+}
+
+func (x *Fusion) GetRrfK() int32 {
+	if x != nil {
+		return x.RrfK
+	}
+	return 0
+}
+
+func (x *Fusion) GetDenseWeight() float32 {
+	if x != nil && x.DenseWeight != nil {
+		return *x.DenseWeight
+	}
+	return 0
+}
+
 var File_ragplane_v1_common_proto protoreflect.FileDescriptor
 
 const file_ragplane_v1_common_proto_rawDesc = "" +
@@ -396,7 +570,12 @@ const file_ragplane_v1_common_proto_rawDesc = "" +
 	"\x06vector\x18\x03 \x03(\x02R\x06vector\x123\n" +
 	"\bmetadata\x18\x04 \x01(\v2\x17.google.protobuf.StructR\bmetadata\"\x1a\n" +
 	"\x06IdList\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids*\xce\x01\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\"\x89\x01\n" +
+	"\x06Fusion\x121\n" +
+	"\x06method\x18\x01 \x01(\x0e2\x19.ragplane.v1.FusionMethodR\x06method\x12\x13\n" +
+	"\x05rrf_k\x18\x02 \x01(\x05R\x04rrfK\x12&\n" +
+	"\fdense_weight\x18\x03 \x01(\x02H\x00R\vdenseWeight\x88\x01\x01B\x0f\n" +
+	"\r_dense_weight*\xce\x01\n" +
 	"\bFilterOp\x12\x19\n" +
 	"\x15FILTER_OP_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fFILTER_OP_EQ\x10\x01\x12\x10\n" +
@@ -407,7 +586,17 @@ const file_ragplane_v1_common_proto_rawDesc = "" +
 	"\rFILTER_OP_GTE\x10\x06\x12\x10\n" +
 	"\fFILTER_OP_LT\x10\a\x12\x11\n" +
 	"\rFILTER_OP_LTE\x10\b\x12\x14\n" +
-	"\x10FILTER_OP_EXISTS\x10\tB?Z=github.com/ragplane/ragplane/clients/go/ragplanev1;ragplanev1b\x06proto3"
+	"\x10FILTER_OP_EXISTS\x10\t*q\n" +
+	"\n" +
+	"SearchMode\x12\x1b\n" +
+	"\x17SEARCH_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11SEARCH_MODE_DENSE\x10\x01\x12\x17\n" +
+	"\x13SEARCH_MODE_LEXICAL\x10\x02\x12\x16\n" +
+	"\x12SEARCH_MODE_HYBRID\x10\x03*`\n" +
+	"\fFusionMethod\x12\x1d\n" +
+	"\x19FUSION_METHOD_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11FUSION_METHOD_RRF\x10\x01\x12\x1a\n" +
+	"\x16FUSION_METHOD_WEIGHTED\x10\x02B?Z=github.com/ragplane/ragplane/clients/go/ragplanev1;ragplanev1b\x06proto3"
 
 var (
 	file_ragplane_v1_common_proto_rawDescOnce sync.Once
@@ -421,30 +610,34 @@ func file_ragplane_v1_common_proto_rawDescGZIP() []byte {
 	return file_ragplane_v1_common_proto_rawDescData
 }
 
-var file_ragplane_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_ragplane_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_ragplane_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_ragplane_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_ragplane_v1_common_proto_goTypes = []any{
 	(FilterOp)(0),           // 0: ragplane.v1.FilterOp
-	(*Vector)(nil),          // 1: ragplane.v1.Vector
-	(*Condition)(nil),       // 2: ragplane.v1.Condition
-	(*Filter)(nil),          // 3: ragplane.v1.Filter
-	(*Item)(nil),            // 4: ragplane.v1.Item
-	(*IdList)(nil),          // 5: ragplane.v1.IdList
-	(*structpb.Value)(nil),  // 6: google.protobuf.Value
-	(*structpb.Struct)(nil), // 7: google.protobuf.Struct
+	(SearchMode)(0),         // 1: ragplane.v1.SearchMode
+	(FusionMethod)(0),       // 2: ragplane.v1.FusionMethod
+	(*Vector)(nil),          // 3: ragplane.v1.Vector
+	(*Condition)(nil),       // 4: ragplane.v1.Condition
+	(*Filter)(nil),          // 5: ragplane.v1.Filter
+	(*Item)(nil),            // 6: ragplane.v1.Item
+	(*IdList)(nil),          // 7: ragplane.v1.IdList
+	(*Fusion)(nil),          // 8: ragplane.v1.Fusion
+	(*structpb.Value)(nil),  // 9: google.protobuf.Value
+	(*structpb.Struct)(nil), // 10: google.protobuf.Struct
 }
 var file_ragplane_v1_common_proto_depIdxs = []int32{
-	0, // 0: ragplane.v1.Condition.op:type_name -> ragplane.v1.FilterOp
-	6, // 1: ragplane.v1.Condition.value:type_name -> google.protobuf.Value
-	2, // 2: ragplane.v1.Filter.must:type_name -> ragplane.v1.Condition
-	2, // 3: ragplane.v1.Filter.should:type_name -> ragplane.v1.Condition
-	2, // 4: ragplane.v1.Filter.must_not:type_name -> ragplane.v1.Condition
-	7, // 5: ragplane.v1.Item.metadata:type_name -> google.protobuf.Struct
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	0,  // 0: ragplane.v1.Condition.op:type_name -> ragplane.v1.FilterOp
+	9,  // 1: ragplane.v1.Condition.value:type_name -> google.protobuf.Value
+	4,  // 2: ragplane.v1.Filter.must:type_name -> ragplane.v1.Condition
+	4,  // 3: ragplane.v1.Filter.should:type_name -> ragplane.v1.Condition
+	4,  // 4: ragplane.v1.Filter.must_not:type_name -> ragplane.v1.Condition
+	10, // 5: ragplane.v1.Item.metadata:type_name -> google.protobuf.Struct
+	2,  // 6: ragplane.v1.Fusion.method:type_name -> ragplane.v1.FusionMethod
+	7,  // [7:7] is the sub-list for method output_type
+	7,  // [7:7] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_ragplane_v1_common_proto_init() }
@@ -452,13 +645,14 @@ func file_ragplane_v1_common_proto_init() {
 	if File_ragplane_v1_common_proto != nil {
 		return
 	}
+	file_ragplane_v1_common_proto_msgTypes[5].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ragplane_v1_common_proto_rawDesc), len(file_ragplane_v1_common_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   5,
+			NumEnums:      3,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

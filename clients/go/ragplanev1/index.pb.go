@@ -216,8 +216,12 @@ type CreateCollectionRequest struct {
 	Metric    Metric                 `protobuf:"varint,2,opt,name=metric,proto3,enum=ragplane.v1.Metric" json:"metric,omitempty"`
 	IndexType IndexType              `protobuf:"varint,3,opt,name=index_type,json=indexType,proto3,enum=ragplane.v1.IndexType" json:"index_type,omitempty"`
 	// 0 = the embedder's dimension.
-	Dim           int32        `protobuf:"varint,4,opt,name=dim,proto3" json:"dim,omitempty"`
-	Params        *IndexParams `protobuf:"bytes,5,opt,name=params,proto3" json:"params,omitempty"`
+	Dim    int32        `protobuf:"varint,4,opt,name=dim,proto3" json:"dim,omitempty"`
+	Params *IndexParams `protobuf:"bytes,5,opt,name=params,proto3" json:"params,omitempty"`
+	// Keep a lexical (FTS5/BM25) index of item text beside the vectors; unset = true. False
+	// saves its disk and write time; LEXICAL and HYBRID searches of the collection are then
+	// refused with FAILED_PRECONDITION.
+	LexicalIndex  *bool `protobuf:"varint,6,opt,name=lexical_index,json=lexicalIndex,proto3,oneof" json:"lexical_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -287,6 +291,13 @@ func (x *CreateCollectionRequest) GetParams() *IndexParams {
 	return nil
 }
 
+func (x *CreateCollectionRequest) GetLexicalIndex() bool {
+	if x != nil && x.LexicalIndex != nil {
+		return *x.LexicalIndex
+	}
+	return false
+}
+
 type CollectionInfo struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -295,11 +306,13 @@ type CollectionInfo struct {
 	Metric    Metric                 `protobuf:"varint,4,opt,name=metric,proto3,enum=ragplane.v1.Metric" json:"metric,omitempty"`
 	IndexType IndexType              `protobuf:"varint,5,opt,name=index_type,json=indexType,proto3,enum=ragplane.v1.IndexType" json:"index_type,omitempty"`
 	// name@version of the embedder whose vectors the collection holds.
-	Embedder      string       `protobuf:"bytes,6,opt,name=embedder,proto3" json:"embedder,omitempty"`
-	Generation    int64        `protobuf:"varint,7,opt,name=generation,proto3" json:"generation,omitempty"`
-	Tombstones    int64        `protobuf:"varint,8,opt,name=tombstones,proto3" json:"tombstones,omitempty"`
-	Params        *IndexParams `protobuf:"bytes,9,opt,name=params,proto3" json:"params,omitempty"`
-	CreatedAt     float64      `protobuf:"fixed64,10,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"` // unix seconds
+	Embedder   string       `protobuf:"bytes,6,opt,name=embedder,proto3" json:"embedder,omitempty"`
+	Generation int64        `protobuf:"varint,7,opt,name=generation,proto3" json:"generation,omitempty"`
+	Tombstones int64        `protobuf:"varint,8,opt,name=tombstones,proto3" json:"tombstones,omitempty"`
+	Params     *IndexParams `protobuf:"bytes,9,opt,name=params,proto3" json:"params,omitempty"`
+	CreatedAt  float64      `protobuf:"fixed64,10,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"` // unix seconds
+	// Whether the collection keeps a lexical index (see CreateCollectionRequest).
+	LexicalIndex  bool `protobuf:"varint,11,opt,name=lexical_index,json=lexicalIndex,proto3" json:"lexical_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -402,6 +415,13 @@ func (x *CollectionInfo) GetCreatedAt() float64 {
 		return x.CreatedAt
 	}
 	return 0
+}
+
+func (x *CollectionInfo) GetLexicalIndex() bool {
+	if x != nil {
+		return x.LexicalIndex
+	}
+	return false
 }
 
 type DeleteCollectionRequest struct {
@@ -972,14 +992,16 @@ const file_ragplane_v1_index_proto_rawDesc = "" +
 	"\tivf_nlist\x18\x04 \x01(\x05R\bivfNlist\x12\x1d\n" +
 	"\n" +
 	"ivf_nprobe\x18\x05 \x01(\x05R\tivfNprobe\x12\x11\n" +
-	"\x04pq_m\x18\x06 \x01(\x05R\x03pqM\"\xd5\x01\n" +
+	"\x04pq_m\x18\x06 \x01(\x05R\x03pqM\"\x91\x02\n" +
 	"\x17CreateCollectionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
 	"\x06metric\x18\x02 \x01(\x0e2\x13.ragplane.v1.MetricR\x06metric\x125\n" +
 	"\n" +
 	"index_type\x18\x03 \x01(\x0e2\x16.ragplane.v1.IndexTypeR\tindexType\x12\x10\n" +
 	"\x03dim\x18\x04 \x01(\x05R\x03dim\x120\n" +
-	"\x06params\x18\x05 \x01(\v2\x18.ragplane.v1.IndexParamsR\x06params\"\xdd\x02\n" +
+	"\x06params\x18\x05 \x01(\v2\x18.ragplane.v1.IndexParamsR\x06params\x12(\n" +
+	"\rlexical_index\x18\x06 \x01(\bH\x00R\flexicalIndex\x88\x01\x01B\x10\n" +
+	"\x0e_lexical_index\"\x82\x03\n" +
 	"\x0eCollectionInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x10\n" +
@@ -997,7 +1019,8 @@ const file_ragplane_v1_index_proto_rawDesc = "" +
 	"\x06params\x18\t \x01(\v2\x18.ragplane.v1.IndexParamsR\x06params\x12\x1d\n" +
 	"\n" +
 	"created_at\x18\n" +
-	" \x01(\x01R\tcreatedAt\"-\n" +
+	" \x01(\x01R\tcreatedAt\x12#\n" +
+	"\rlexical_index\x18\v \x01(\bR\flexicalIndex\"-\n" +
 	"\x17DeleteCollectionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"4\n" +
 	"\x18DeleteCollectionResponse\x12\x18\n" +
@@ -1127,6 +1150,7 @@ func file_ragplane_v1_index_proto_init() {
 		return
 	}
 	file_ragplane_v1_common_proto_init()
+	file_ragplane_v1_index_proto_msgTypes[1].OneofWrappers = []any{}
 	file_ragplane_v1_index_proto_msgTypes[10].OneofWrappers = []any{
 		(*DeleteRequest_Ids)(nil),
 		(*DeleteRequest_Filter)(nil),

@@ -154,10 +154,15 @@ func (x *RememberResponse) GetDeduplicated() bool {
 }
 
 type ScoreParts struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Relevance     float32                `protobuf:"fixed32,1,opt,name=relevance,proto3" json:"relevance,omitempty"`   // cosine similarity to the query, in [-1, 1]
-	Recency       float32                `protobuf:"fixed32,2,opt,name=recency,proto3" json:"recency,omitempty"`       // 0.5 ** (age / half_life), in (0, 1]
-	Importance    float32                `protobuf:"fixed32,3,opt,name=importance,proto3" json:"importance,omitempty"` // as remembered, in [0, 1]
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// DENSE: cosine similarity to the query, in [-1, 1]. LEXICAL and HYBRID: the lexical or
+	// fused score divided by the best among the candidates, in [0, 1].
+	Relevance     float32  `protobuf:"fixed32,1,opt,name=relevance,proto3" json:"relevance,omitempty"`
+	Recency       float32  `protobuf:"fixed32,2,opt,name=recency,proto3" json:"recency,omitempty"`       // 0.5 ** (age / half_life), in (0, 1]
+	Importance    float32  `protobuf:"fixed32,3,opt,name=importance,proto3" json:"importance,omitempty"` // as remembered, in [0, 1]
+	Dense         *float32 `protobuf:"fixed32,4,opt,name=dense,proto3,oneof" json:"dense,omitempty"`     // cosine similarity to the query (DENSE and HYBRID)
+	Lexical       *float32 `protobuf:"fixed32,5,opt,name=lexical,proto3,oneof" json:"lexical,omitempty"` // BM25, higher is better (LEXICAL and HYBRID)
+	Fused         *float32 `protobuf:"fixed32,6,opt,name=fused,proto3,oneof" json:"fused,omitempty"`     // the fusion of the two rankings (HYBRID)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -209,6 +214,27 @@ func (x *ScoreParts) GetRecency() float32 {
 func (x *ScoreParts) GetImportance() float32 {
 	if x != nil {
 		return x.Importance
+	}
+	return 0
+}
+
+func (x *ScoreParts) GetDense() float32 {
+	if x != nil && x.Dense != nil {
+		return *x.Dense
+	}
+	return 0
+}
+
+func (x *ScoreParts) GetLexical() float32 {
+	if x != nil && x.Lexical != nil {
+		return *x.Lexical
+	}
+	return 0
+}
+
+func (x *ScoreParts) GetFused() float32 {
+	if x != nil && x.Fused != nil {
+		return *x.Fused
 	}
 	return 0
 }
@@ -331,11 +357,15 @@ func (x *Memory) GetParts() *ScoreParts {
 }
 
 type RecallRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	Query         string                 `protobuf:"bytes,2,opt,name=query,proto3" json:"query,omitempty"`
-	TopK          int32                  `protobuf:"varint,3,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
-	Filter        *Filter                `protobuf:"bytes,4,opt,name=filter,proto3" json:"filter,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Query     string                 `protobuf:"bytes,2,opt,name=query,proto3" json:"query,omitempty"`
+	TopK      int32                  `protobuf:"varint,3,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
+	Filter    *Filter                `protobuf:"bytes,4,opt,name=filter,proto3" json:"filter,omitempty"`
+	// How candidates are found and what relevance means; unset = SEARCH_MODE_DENSE.
+	Mode SearchMode `protobuf:"varint,5,opt,name=mode,proto3,enum=ragplane.v1.SearchMode" json:"mode,omitempty"`
+	// How HYBRID fuses; unset = RRF with k = 60 and an even split.
+	Fusion        *Fusion `protobuf:"bytes,6,opt,name=fusion,proto3" json:"fusion,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -394,6 +424,20 @@ func (x *RecallRequest) GetTopK() int32 {
 func (x *RecallRequest) GetFilter() *Filter {
 	if x != nil {
 		return x.Filter
+	}
+	return nil
+}
+
+func (x *RecallRequest) GetMode() SearchMode {
+	if x != nil {
+		return x.Mode
+	}
+	return SearchMode_SEARCH_MODE_UNSPECIFIED
+}
+
+func (x *RecallRequest) GetFusion() *Fusion {
+	if x != nil {
+		return x.Fusion
 	}
 	return nil
 }
@@ -722,14 +766,21 @@ const file_ragplane_v1_memory_proto_rawDesc = "" +
 	"\v_importance\"F\n" +
 	"\x10RememberResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
-	"\fdeduplicated\x18\x02 \x01(\bR\fdeduplicated\"d\n" +
+	"\fdeduplicated\x18\x02 \x01(\bR\fdeduplicated\"\xd9\x01\n" +
 	"\n" +
 	"ScoreParts\x12\x1c\n" +
 	"\trelevance\x18\x01 \x01(\x02R\trelevance\x12\x18\n" +
 	"\arecency\x18\x02 \x01(\x02R\arecency\x12\x1e\n" +
 	"\n" +
 	"importance\x18\x03 \x01(\x02R\n" +
-	"importance\"\xc1\x02\n" +
+	"importance\x12\x19\n" +
+	"\x05dense\x18\x04 \x01(\x02H\x00R\x05dense\x88\x01\x01\x12\x1d\n" +
+	"\alexical\x18\x05 \x01(\x02H\x01R\alexical\x88\x01\x01\x12\x19\n" +
+	"\x05fused\x18\x06 \x01(\x02H\x02R\x05fused\x88\x01\x01B\b\n" +
+	"\x06_denseB\n" +
+	"\n" +
+	"\b_lexicalB\b\n" +
+	"\x06_fused\"\xc1\x02\n" +
 	"\x06Memory\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -746,12 +797,14 @@ const file_ragplane_v1_memory_proto_rawDesc = "" +
 	"expires_at\x18\b \x01(\x01R\texpiresAt\x12\x14\n" +
 	"\x05score\x18\t \x01(\x02R\x05score\x12-\n" +
 	"\x05parts\x18\n" +
-	" \x01(\v2\x17.ragplane.v1.ScorePartsR\x05parts\"\x85\x01\n" +
+	" \x01(\v2\x17.ragplane.v1.ScorePartsR\x05parts\"\xdf\x01\n" +
 	"\rRecallRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
 	"\x05query\x18\x02 \x01(\tR\x05query\x12\x13\n" +
 	"\x05top_k\x18\x03 \x01(\x05R\x04topK\x12+\n" +
-	"\x06filter\x18\x04 \x01(\v2\x13.ragplane.v1.FilterR\x06filter\"A\n" +
+	"\x06filter\x18\x04 \x01(\v2\x13.ragplane.v1.FilterR\x06filter\x12+\n" +
+	"\x04mode\x18\x05 \x01(\x0e2\x17.ragplane.v1.SearchModeR\x04mode\x12+\n" +
+	"\x06fusion\x18\x06 \x01(\v2\x13.ragplane.v1.FusionR\x06fusion\"A\n" +
 	"\x0eRecallResponse\x12/\n" +
 	"\bmemories\x18\x01 \x03(\v2\x13.ragplane.v1.MemoryR\bmemories\"\xa5\x01\n" +
 	"\rForgetRequest\x12\x1c\n" +
@@ -803,30 +856,34 @@ var file_ragplane_v1_memory_proto_goTypes = []any{
 	(*ListMemoriesResponse)(nil), // 9: ragplane.v1.ListMemoriesResponse
 	(*structpb.Struct)(nil),      // 10: google.protobuf.Struct
 	(*Filter)(nil),               // 11: ragplane.v1.Filter
-	(*IdList)(nil),               // 12: ragplane.v1.IdList
+	(SearchMode)(0),              // 12: ragplane.v1.SearchMode
+	(*Fusion)(nil),               // 13: ragplane.v1.Fusion
+	(*IdList)(nil),               // 14: ragplane.v1.IdList
 }
 var file_ragplane_v1_memory_proto_depIdxs = []int32{
 	10, // 0: ragplane.v1.RememberRequest.metadata:type_name -> google.protobuf.Struct
 	10, // 1: ragplane.v1.Memory.metadata:type_name -> google.protobuf.Struct
 	2,  // 2: ragplane.v1.Memory.parts:type_name -> ragplane.v1.ScoreParts
 	11, // 3: ragplane.v1.RecallRequest.filter:type_name -> ragplane.v1.Filter
-	3,  // 4: ragplane.v1.RecallResponse.memories:type_name -> ragplane.v1.Memory
-	12, // 5: ragplane.v1.ForgetRequest.ids:type_name -> ragplane.v1.IdList
-	11, // 6: ragplane.v1.ForgetRequest.filter:type_name -> ragplane.v1.Filter
-	3,  // 7: ragplane.v1.ListMemoriesResponse.memories:type_name -> ragplane.v1.Memory
-	0,  // 8: ragplane.v1.MemoryService.Remember:input_type -> ragplane.v1.RememberRequest
-	4,  // 9: ragplane.v1.MemoryService.Recall:input_type -> ragplane.v1.RecallRequest
-	6,  // 10: ragplane.v1.MemoryService.Forget:input_type -> ragplane.v1.ForgetRequest
-	8,  // 11: ragplane.v1.MemoryService.ListMemories:input_type -> ragplane.v1.ListMemoriesRequest
-	1,  // 12: ragplane.v1.MemoryService.Remember:output_type -> ragplane.v1.RememberResponse
-	5,  // 13: ragplane.v1.MemoryService.Recall:output_type -> ragplane.v1.RecallResponse
-	7,  // 14: ragplane.v1.MemoryService.Forget:output_type -> ragplane.v1.ForgetResponse
-	9,  // 15: ragplane.v1.MemoryService.ListMemories:output_type -> ragplane.v1.ListMemoriesResponse
-	12, // [12:16] is the sub-list for method output_type
-	8,  // [8:12] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	12, // 4: ragplane.v1.RecallRequest.mode:type_name -> ragplane.v1.SearchMode
+	13, // 5: ragplane.v1.RecallRequest.fusion:type_name -> ragplane.v1.Fusion
+	3,  // 6: ragplane.v1.RecallResponse.memories:type_name -> ragplane.v1.Memory
+	14, // 7: ragplane.v1.ForgetRequest.ids:type_name -> ragplane.v1.IdList
+	11, // 8: ragplane.v1.ForgetRequest.filter:type_name -> ragplane.v1.Filter
+	3,  // 9: ragplane.v1.ListMemoriesResponse.memories:type_name -> ragplane.v1.Memory
+	0,  // 10: ragplane.v1.MemoryService.Remember:input_type -> ragplane.v1.RememberRequest
+	4,  // 11: ragplane.v1.MemoryService.Recall:input_type -> ragplane.v1.RecallRequest
+	6,  // 12: ragplane.v1.MemoryService.Forget:input_type -> ragplane.v1.ForgetRequest
+	8,  // 13: ragplane.v1.MemoryService.ListMemories:input_type -> ragplane.v1.ListMemoriesRequest
+	1,  // 14: ragplane.v1.MemoryService.Remember:output_type -> ragplane.v1.RememberResponse
+	5,  // 15: ragplane.v1.MemoryService.Recall:output_type -> ragplane.v1.RecallResponse
+	7,  // 16: ragplane.v1.MemoryService.Forget:output_type -> ragplane.v1.ForgetResponse
+	9,  // 17: ragplane.v1.MemoryService.ListMemories:output_type -> ragplane.v1.ListMemoriesResponse
+	14, // [14:18] is the sub-list for method output_type
+	10, // [10:14] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_ragplane_v1_memory_proto_init() }
@@ -836,6 +893,7 @@ func file_ragplane_v1_memory_proto_init() {
 	}
 	file_ragplane_v1_common_proto_init()
 	file_ragplane_v1_memory_proto_msgTypes[0].OneofWrappers = []any{}
+	file_ragplane_v1_memory_proto_msgTypes[2].OneofWrappers = []any{}
 	file_ragplane_v1_memory_proto_msgTypes[6].OneofWrappers = []any{
 		(*ForgetRequest_Ids)(nil),
 		(*ForgetRequest_Filter)(nil),

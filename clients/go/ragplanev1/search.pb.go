@@ -34,8 +34,13 @@ type SearchRequest struct {
 	Filter          *Filter               `protobuf:"bytes,5,opt,name=filter,proto3" json:"filter,omitempty"`
 	IncludeText     bool                  `protobuf:"varint,6,opt,name=include_text,json=includeText,proto3" json:"include_text,omitempty"`
 	IncludeMetadata bool                  `protobuf:"varint,7,opt,name=include_metadata,json=includeMetadata,proto3" json:"include_metadata,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Unset = SEARCH_MODE_DENSE (the behaviour before modes existed). LEXICAL and HYBRID need
+	// `text` and a collection created with its lexical index (the default).
+	Mode SearchMode `protobuf:"varint,8,opt,name=mode,proto3,enum=ragplane.v1.SearchMode" json:"mode,omitempty"`
+	// How HYBRID fuses; unset = RRF with k = 60 and an even split.
+	Fusion        *Fusion `protobuf:"bytes,9,opt,name=fusion,proto3" json:"fusion,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SearchRequest) Reset() {
@@ -128,6 +133,20 @@ func (x *SearchRequest) GetIncludeMetadata() bool {
 	return false
 }
 
+func (x *SearchRequest) GetMode() SearchMode {
+	if x != nil {
+		return x.Mode
+	}
+	return SearchMode_SEARCH_MODE_UNSPECIFIED
+}
+
+func (x *SearchRequest) GetFusion() *Fusion {
+	if x != nil {
+		return x.Fusion
+	}
+	return nil
+}
+
 type isSearchRequest_Query interface {
 	isSearchRequest_Query()
 }
@@ -147,10 +166,20 @@ func (*SearchRequest_Vector) isSearchRequest_Query() {}
 type Hit struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	// Higher is better for every metric: cosine and ip similarity, or -squared L2 distance.
-	Score         float32          `protobuf:"fixed32,2,opt,name=score,proto3" json:"score,omitempty"`
-	Text          string           `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
-	Metadata      *structpb.Struct `protobuf:"bytes,4,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	// What the hits are ordered by, higher is better: the dense score in DENSE mode, the
+	// lexical score in LEXICAL mode, the fused score in HYBRID mode.
+	Score    float32          `protobuf:"fixed32,2,opt,name=score,proto3" json:"score,omitempty"`
+	Text     string           `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
+	Metadata *structpb.Struct `protobuf:"bytes,4,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	// Similarity of the item's vector to the query: cosine and ip similarity, or -squared L2
+	// distance. Set in DENSE and HYBRID modes (in HYBRID also for hits only the lexical
+	// ranking found).
+	DenseScore *float32 `protobuf:"fixed32,5,opt,name=dense_score,json=denseScore,proto3,oneof" json:"dense_score,omitempty"`
+	// BM25 of the item text for the query words (FTS5's bm25() negated, so higher is better;
+	// 0 when no query word occurs). Set in LEXICAL and HYBRID modes.
+	LexicalScore *float32 `protobuf:"fixed32,6,opt,name=lexical_score,json=lexicalScore,proto3,oneof" json:"lexical_score,omitempty"`
+	// The fusion of the two rankings (see Fusion). Set in HYBRID mode only.
+	FusedScore    *float32 `protobuf:"fixed32,7,opt,name=fused_score,json=fusedScore,proto3,oneof" json:"fused_score,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -213,12 +242,35 @@ func (x *Hit) GetMetadata() *structpb.Struct {
 	return nil
 }
 
+func (x *Hit) GetDenseScore() float32 {
+	if x != nil && x.DenseScore != nil {
+		return *x.DenseScore
+	}
+	return 0
+}
+
+func (x *Hit) GetLexicalScore() float32 {
+	if x != nil && x.LexicalScore != nil {
+		return *x.LexicalScore
+	}
+	return 0
+}
+
+func (x *Hit) GetFusedScore() float32 {
+	if x != nil && x.FusedScore != nil {
+		return *x.FusedScore
+	}
+	return 0
+}
+
 type SearchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Hits  []*Hit                 `protobuf:"bytes,1,rep,name=hits,proto3" json:"hits,omitempty"`
 	// Fewer than top_k only when fewer items match the filter (or exist).
 	ReturnedK int32 `protobuf:"varint,2,opt,name=returned_k,json=returnedK,proto3" json:"returned_k,omitempty"`
-	// True when the result is exact (flat index, or an exact scan of filtered items).
+	// True when the result is exact: a flat index or an exact scan of the filtered items for
+	// dense ranking, always for the lexical ranking (FTS5 ranks every matching item), and in
+	// HYBRID when both rankings were exact.
 	Exhaustive bool `protobuf:"varint,3,opt,name=exhaustive,proto3" json:"exhaustive,omitempty"`
 	// name@version of the embedder that embedded the query text (empty for vector queries).
 	Embedder      string `protobuf:"bytes,4,opt,name=embedder,proto3" json:"embedder,omitempty"`
@@ -288,7 +340,7 @@ var File_ragplane_v1_search_proto protoreflect.FileDescriptor
 
 const file_ragplane_v1_search_proto_rawDesc = "" +
 	"\n" +
-	"\x18ragplane/v1/search.proto\x12\vragplane.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x18ragplane/v1/common.proto\"\x8d\x02\n" +
+	"\x18ragplane/v1/search.proto\x12\vragplane.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x18ragplane/v1/common.proto\"\xe7\x02\n" +
 	"\rSearchRequest\x12\x1e\n" +
 	"\n" +
 	"collection\x18\x01 \x01(\tR\n" +
@@ -298,13 +350,23 @@ const file_ragplane_v1_search_proto_rawDesc = "" +
 	"\x05top_k\x18\x04 \x01(\x05R\x04topK\x12+\n" +
 	"\x06filter\x18\x05 \x01(\v2\x13.ragplane.v1.FilterR\x06filter\x12!\n" +
 	"\finclude_text\x18\x06 \x01(\bR\vincludeText\x12)\n" +
-	"\x10include_metadata\x18\a \x01(\bR\x0fincludeMetadataB\a\n" +
-	"\x05query\"t\n" +
+	"\x10include_metadata\x18\a \x01(\bR\x0fincludeMetadata\x12+\n" +
+	"\x04mode\x18\b \x01(\x0e2\x17.ragplane.v1.SearchModeR\x04mode\x12+\n" +
+	"\x06fusion\x18\t \x01(\v2\x13.ragplane.v1.FusionR\x06fusionB\a\n" +
+	"\x05query\"\x9c\x02\n" +
 	"\x03Hit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05score\x18\x02 \x01(\x02R\x05score\x12\x12\n" +
 	"\x04text\x18\x03 \x01(\tR\x04text\x123\n" +
-	"\bmetadata\x18\x04 \x01(\v2\x17.google.protobuf.StructR\bmetadata\"\x91\x01\n" +
+	"\bmetadata\x18\x04 \x01(\v2\x17.google.protobuf.StructR\bmetadata\x12$\n" +
+	"\vdense_score\x18\x05 \x01(\x02H\x00R\n" +
+	"denseScore\x88\x01\x01\x12(\n" +
+	"\rlexical_score\x18\x06 \x01(\x02H\x01R\flexicalScore\x88\x01\x01\x12$\n" +
+	"\vfused_score\x18\a \x01(\x02H\x02R\n" +
+	"fusedScore\x88\x01\x01B\x0e\n" +
+	"\f_dense_scoreB\x10\n" +
+	"\x0e_lexical_scoreB\x0e\n" +
+	"\f_fused_score\"\x91\x01\n" +
 	"\x0eSearchResponse\x12$\n" +
 	"\x04hits\x18\x01 \x03(\v2\x10.ragplane.v1.HitR\x04hits\x12\x1d\n" +
 	"\n" +
@@ -335,20 +397,24 @@ var file_ragplane_v1_search_proto_goTypes = []any{
 	(*SearchResponse)(nil),  // 2: ragplane.v1.SearchResponse
 	(*Vector)(nil),          // 3: ragplane.v1.Vector
 	(*Filter)(nil),          // 4: ragplane.v1.Filter
-	(*structpb.Struct)(nil), // 5: google.protobuf.Struct
+	(SearchMode)(0),         // 5: ragplane.v1.SearchMode
+	(*Fusion)(nil),          // 6: ragplane.v1.Fusion
+	(*structpb.Struct)(nil), // 7: google.protobuf.Struct
 }
 var file_ragplane_v1_search_proto_depIdxs = []int32{
 	3, // 0: ragplane.v1.SearchRequest.vector:type_name -> ragplane.v1.Vector
 	4, // 1: ragplane.v1.SearchRequest.filter:type_name -> ragplane.v1.Filter
-	5, // 2: ragplane.v1.Hit.metadata:type_name -> google.protobuf.Struct
-	1, // 3: ragplane.v1.SearchResponse.hits:type_name -> ragplane.v1.Hit
-	0, // 4: ragplane.v1.SearchService.Search:input_type -> ragplane.v1.SearchRequest
-	2, // 5: ragplane.v1.SearchService.Search:output_type -> ragplane.v1.SearchResponse
-	5, // [5:6] is the sub-list for method output_type
-	4, // [4:5] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	5, // 2: ragplane.v1.SearchRequest.mode:type_name -> ragplane.v1.SearchMode
+	6, // 3: ragplane.v1.SearchRequest.fusion:type_name -> ragplane.v1.Fusion
+	7, // 4: ragplane.v1.Hit.metadata:type_name -> google.protobuf.Struct
+	1, // 5: ragplane.v1.SearchResponse.hits:type_name -> ragplane.v1.Hit
+	0, // 6: ragplane.v1.SearchService.Search:input_type -> ragplane.v1.SearchRequest
+	2, // 7: ragplane.v1.SearchService.Search:output_type -> ragplane.v1.SearchResponse
+	7, // [7:8] is the sub-list for method output_type
+	6, // [6:7] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_ragplane_v1_search_proto_init() }
@@ -361,6 +427,7 @@ func file_ragplane_v1_search_proto_init() {
 		(*SearchRequest_Text)(nil),
 		(*SearchRequest_Vector)(nil),
 	}
+	file_ragplane_v1_search_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
