@@ -173,6 +173,26 @@ func (c *Client) Search(ctx context.Context, collection, text string, topK int) 
 	return r.GetHits(), nil
 }
 
+// SearchWithMode is Search ranked by mode: pb.SearchMode_SEARCH_MODE_LEXICAL ranks by BM25
+// over the item text (identifiers, error codes, rare names), pb.SearchMode_SEARCH_MODE_HYBRID
+// fuses the dense and lexical rankings by reciprocal rank fusion (k = 60), and
+// pb.SearchMode_SEARCH_MODE_DENSE is Search. Each hit carries the scores its mode computed
+// (GetDenseScore, GetLexicalScore, GetFusedScore; HasDenseScore etc. say which). Set
+// SearchRequest.Fusion through c.SearchService.Search for weighted fusion or another k.
+func (c *Client) SearchWithMode(ctx context.Context, collection, text string, topK int, mode pb.SearchMode) ([]*pb.Hit, error) {
+	r, err := c.SearchService.Search(ctx, &pb.SearchRequest{
+		Collection:  collection,
+		Query:       &pb.SearchRequest_Text{Text: text},
+		TopK:        int32(topK),
+		IncludeText: true,
+		Mode:        mode,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetHits(), nil
+}
+
 // Remember stores a memory in namespace and returns its id; when a near-identical memory
 // exists, that one is updated and Deduplicated is true. Use c.MemoryService.Remember for
 // metadata, importance and a TTL.
@@ -184,6 +204,16 @@ func (c *Client) Remember(ctx context.Context, namespace, text string) (*pb.Reme
 // combines relevance, recency and importance (each memory carries the parts).
 func (c *Client) Recall(ctx context.Context, namespace, query string, topK int) ([]*pb.Memory, error) {
 	r, err := c.MemoryService.Recall(ctx, &pb.RecallRequest{Namespace: namespace, Query: query, TopK: int32(topK)})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetMemories(), nil
+}
+
+// RecallWithMode is Recall with candidates found and relevance scored by mode (see
+// SearchWithMode); each memory's parts then carry its dense, lexical and fused scores.
+func (c *Client) RecallWithMode(ctx context.Context, namespace, query string, topK int, mode pb.SearchMode) ([]*pb.Memory, error) {
+	r, err := c.MemoryService.Recall(ctx, &pb.RecallRequest{Namespace: namespace, Query: query, TopK: int32(topK), Mode: mode})
 	if err != nil {
 		return nil, err
 	}

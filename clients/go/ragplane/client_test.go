@@ -189,6 +189,30 @@ func TestSmokeAgainstLiveServer(t *testing.T) {
 		t.Fatalf("Search: the other python text should rank: %v", ids)
 	}
 
+	// Lexical: an identifier no embedding carries finds its item by BM25, which reports a
+	// lexical score only; hybrid puts it first too and reports all three scores.
+	ident, err := ragplane.Item("e", "call SSL_CTX_set_options before the handshake", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Upsert(ctx, name, ident); err != nil {
+		t.Fatalf("Upsert: %v", err)
+	}
+	lex, err := c.SearchWithMode(ctx, name, "SSL_CTX_set_options", 3, pb.SearchMode_SEARCH_MODE_LEXICAL)
+	if err != nil {
+		t.Fatalf("SearchWithMode lexical: %v", err)
+	}
+	if len(lex) != 1 || lex[0].GetId() != "e" || lex[0].GetLexicalScore() <= 0 || lex[0].DenseScore != nil {
+		t.Fatalf("SearchWithMode lexical: want only e with a lexical score, got %v", lex)
+	}
+	hyb, err := c.SearchWithMode(ctx, name, "SSL_CTX_set_options", 3, pb.SearchMode_SEARCH_MODE_HYBRID)
+	if err != nil {
+		t.Fatalf("SearchWithMode hybrid: %v", err)
+	}
+	if len(hyb) != 3 || hyb[0].GetId() != "e" || hyb[0].FusedScore == nil || hyb[0].DenseScore == nil || hyb[0].LexicalScore == nil {
+		t.Fatalf("SearchWithMode hybrid: want e first with three scores, got %v", hyb)
+	}
+
 	// Memory: Remember returns an id, and recalling the same text returns it first.
 	ns := fmt.Sprintf("go-agent-%d", time.Now().UnixNano())
 	fact := "the user prefers dark mode in every editor"
@@ -214,6 +238,13 @@ func TestSmokeAgainstLiveServer(t *testing.T) {
 		if mems[i].GetScore() > mems[i-1].GetScore() {
 			t.Fatalf("Recall: scores not ordered: %v", mems)
 		}
+	}
+	lexMems, err := c.RecallWithMode(ctx, ns, "friday deploy", 5, pb.SearchMode_SEARCH_MODE_LEXICAL)
+	if err != nil {
+		t.Fatalf("RecallWithMode: %v", err)
+	}
+	if len(lexMems) != 1 || lexMems[0].GetId() != other.GetId() || lexMems[0].GetParts().GetLexical() <= 0 {
+		t.Fatalf("RecallWithMode lexical: want only %s, got %v", other.GetId(), lexMems)
 	}
 }
 

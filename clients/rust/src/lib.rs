@@ -245,6 +245,29 @@ impl Client {
         Ok(self.search_with(req).await?.hits)
     }
 
+    /// [`Client::search`] ranked by `mode`: [`v1::SearchMode::Lexical`] ranks by BM25 over
+    /// the item text (identifiers, error codes, rare names), [`v1::SearchMode::Hybrid`] fuses
+    /// the dense and lexical rankings by reciprocal rank fusion (k = 60). Each hit carries the
+    /// scores its mode computed (`dense_score`, `lexical_score`, `fused_score`, `None` where
+    /// not computed). Set `fusion` through [`Client::search_with`] for weighted fusion.
+    pub async fn search_mode(
+        &self,
+        collection: &str,
+        text: &str,
+        top_k: i32,
+        mode: v1::SearchMode,
+    ) -> Result<Vec<v1::Hit>, Status> {
+        let req = v1::SearchRequest {
+            collection: collection.to_owned(),
+            query: Some(v1::search_request::Query::Text(text.to_owned())),
+            top_k,
+            include_text: true,
+            mode: mode as i32,
+            ..Default::default()
+        };
+        Ok(self.search_with(req).await?.hits)
+    }
+
     pub async fn search_with(&self, req: v1::SearchRequest) -> Result<v1::SearchResponse, Status> {
         Ok(self.search_service().search(req).await?.into_inner())
     }

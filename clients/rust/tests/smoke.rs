@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ragplane_client::{item, Client, Options};
+use ragplane_client::{item, v1, Client, Options};
 
 struct Server {
     child: Child,
@@ -182,6 +182,33 @@ async fn smoke_against_live_server() {
     assert!(
         ids.contains(&"c"),
         "the other python text should rank: {ids:?}"
+    );
+
+    // Lexical: an identifier no embedding carries finds its item by BM25, with a lexical
+    // score only; hybrid puts it first too, with all three scores.
+    c.upsert(
+        &name,
+        vec![item("e", "call SSL_CTX_set_options before the handshake")],
+    )
+    .await
+    .expect("upsert");
+    let lex = c
+        .search_mode(&name, "SSL_CTX_set_options", 3, v1::SearchMode::Lexical)
+        .await
+        .expect("lexical search");
+    assert_eq!(lex.len(), 1, "{lex:?}");
+    assert_eq!(lex[0].id, "e");
+    assert!(lex[0].lexical_score.is_some_and(|s| s > 0.0), "{lex:?}");
+    assert!(lex[0].dense_score.is_none(), "{lex:?}");
+    let hyb = c
+        .search_mode(&name, "SSL_CTX_set_options", 3, v1::SearchMode::Hybrid)
+        .await
+        .expect("hybrid search");
+    assert_eq!(hyb.len(), 3, "{hyb:?}");
+    assert_eq!(hyb[0].id, "e");
+    assert!(
+        hyb[0].fused_score.is_some() && hyb[0].dense_score.is_some(),
+        "{hyb:?}"
     );
 
     // Memory: Remember returns an id, and recalling the same text returns it first.
