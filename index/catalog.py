@@ -16,9 +16,10 @@ from index.validate import check_dim, check_name, check_params, to_enum
 
 def create(
     ctx: Context, tenant: str, name: str, dim: int, metric: Metric, index_type: IndexType,
-    embedder: str, params: IndexParams,
+    embedder: str, params: IndexParams, lexical_index: bool = True,
 ) -> CollectionInfo:
-    """Create an empty collection. Raises AlreadyExists if (tenant, name) is taken."""
+    """Create an empty collection, with a lexical index of its text unless `lexical_index` is
+    False. Raises AlreadyExists if (tenant, name) is taken."""
     ctx.check_open()
     check_name(name)
     if not isinstance(tenant, str) or not tenant:
@@ -41,7 +42,7 @@ def create(
         with ctx.tx() as c:
             coll_id = repo.insert_collection(
                 c, tenant, ctx.kind, name, dim, metric.value, params, index_type, kind, rparams,
-                embedder, now,
+                embedder, now, bool(lexical_index),
             )
         coll = Coll(
             id=coll_id,
@@ -59,6 +60,7 @@ def create(
             rparams=rparams,
             index=fx.new_index(kind, dim, metric, rparams),
             purpose=ctx.kind,
+            lexical=bool(lexical_index),
         )
         ctx.register(coll)
     return info(coll)
@@ -94,6 +96,7 @@ def info(coll: Coll) -> CollectionInfo:
             tombstones=max(0, ntotal - live),
             params=params,
             created_at=coll.created_at,
+            lexical_index=coll.lexical,
         )
 
 

@@ -41,6 +41,7 @@ def recover(ctx: Context) -> None:
             created_at=row[9],
             dir=ctx.idx_dir / str(row[0]),
             purpose=Kind(row[10]),
+            lexical=bool(row[11]),
         )
         keep_dirs.add(coll.dir.name)
         _clean_generation_files(ctx, coll)

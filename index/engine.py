@@ -22,7 +22,17 @@ import numpy as np
 
 from core.sqlite import check_integrity
 from core.storage import OPEN, storage_errors
-from index import catalog, checkpoints, generations, reads, rebuild, search, snapshots, writes
+from index import (
+    catalog,
+    checkpoints,
+    generations,
+    hybrid,
+    reads,
+    rebuild,
+    search,
+    snapshots,
+    writes,
+)
 from index.context import Context, data_dir_lock
 from index.gpu import GpuCopies, faiss_gpu_available
 from index.progress import RebuildProgress
@@ -31,6 +41,7 @@ from index.store import init_schema
 from index.types import (
     CollectionInfo,
     Filter,
+    Fusion,
     IndexParams,
     IndexType,
     Kind,
@@ -132,10 +143,12 @@ class Engine:
         index_type: IndexType,
         embedder: str,
         params: IndexParams = IndexParams(),  # noqa: B008 - frozen
+        lexical_index: bool = True,
     ) -> CollectionInfo:
-        """Create an empty collection. Raises AlreadyExists if (tenant, name) is taken."""
+        """Create an empty collection, with a lexical (FTS5) index of its item text unless
+        `lexical_index` is False. Raises AlreadyExists if (tenant, name) is taken."""
         return catalog.create(
-            self._ctx, tenant, name, dim, metric, index_type, embedder, params
+            self._ctx, tenant, name, dim, metric, index_type, embedder, params, lexical_index
         )
 
     def delete_collection(self, tenant: str, name: str) -> None:
@@ -227,6 +240,43 @@ class Engine:
         """
         return search.search(
             self._ctx, tenant, name, queries, top_k, filter, include_text, include_metadata
+        )
+
+    def search_lexical(
+        self,
+        tenant: str,
+        name: str,
+        text: str,
+        top_k: int,
+        *,
+        filter: Filter | None = None,
+        include_text: bool = False,
+        include_metadata: bool = False,
+    ) -> SearchResult:
+        """The live items best matching the words of `text` by BM25, best first (exact).
+        FailedPrecondition when the collection has no lexical index."""
+        return hybrid.search_lexical(
+            self._ctx, tenant, name, text, top_k, filter, include_text, include_metadata
+        )
+
+    def search_hybrid(
+        self,
+        tenant: str,
+        name: str,
+        text: str,
+        vector: np.ndarray,
+        top_k: int,
+        *,
+        fusion: Fusion = Fusion(),  # noqa: B008 - frozen
+        filter: Filter | None = None,
+        include_text: bool = False,
+        include_metadata: bool = False,
+    ) -> SearchResult:
+        """The dense ranking of `vector` (the embedding of `text`) and the lexical ranking
+        of `text`, fused; each hit carries its dense, lexical and fused scores."""
+        return hybrid.search_hybrid(
+            self._ctx, tenant, name, text, vector, top_k, fusion, filter, include_text,
+            include_metadata,
         )
 
     # ------------------------------------------------------------------ generations

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from index import lexical
 from index.state import blob_matrix, params_from, params_json
 from index.types import IndexParams, IndexType
 
@@ -42,20 +43,23 @@ def fail_unfinished_builds(c: Conn) -> None:
 def collection_rows(c: Conn) -> list[tuple]:
     return c.execute(
         "SELECT id, tenant, name, dim, metric, index_type, embedder, params, generation, "
-        "created_at, kind FROM collections"
+        "created_at, kind, lexical FROM collections"
     ).fetchall()
 
 
 def insert_collection(
     c: Conn, tenant: str, purpose: str, name: str, dim: int, metric: str, requested: IndexParams,
     index_type: IndexType, kind: IndexType, resolved: IndexParams, embedder: str, now: float,
+    with_lexical: bool,
 ) -> int:
     coll_id = c.execute(
         "INSERT INTO collections (tenant, kind, name, dim, metric, index_type, embedder, params, "
-        "generation, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?)",
+        "generation, created_at, lexical) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)",
         (tenant, purpose, name, dim, metric, index_type.value, embedder, params_json(requested),
-         now),
+         now, int(with_lexical)),
     ).lastrowid
+    if with_lexical:
+        lexical.create(c, int(coll_id))
     c.execute(
         "INSERT INTO generations (coll_id, generation, index_type, built_kind, params, "
         "requested, embedder, dim, state, created_at) "
@@ -72,6 +76,7 @@ def delete_collection(c: Conn, coll_id: int) -> None:
     for table in ("items", "generations", "staged_vectors", "prev_vectors"):
         c.execute(f"DELETE FROM {table} WHERE coll_id = ?", (coll_id,))
     c.execute("DELETE FROM collections WHERE id = ?", (coll_id,))
+    lexical.drop(c, coll_id)
 
 
 def set_embedder(c: Conn, coll_id: int, generation: int, embedder: str) -> None:
@@ -243,34 +248,42 @@ def purge_deleted(c: Conn, coll_id: int) -> int:
 # ------------------------------------------------------------------ items: writes
 
 
-def replace_items(c: Conn, coll_id: int, rows: Sequence[tuple[str, str, str]], mat: np.ndarray
-                  ) -> tuple[list[int], np.ndarray]:
-    """Tombstone the live rows of these ids and insert new ones.
+def replace_items(c: Conn, coll_id: int, rows: Sequence[tuple[str, str, str]], mat: np.ndarray,
+                  with_lexical: bool) -> tuple[list[int], np.ndarray]:
+    """Tombstone the live rows of these ids and insert new ones (and, `with_lexical`, keep
+    the collection's lexical index in step, in the same transaction).
 
     Returns (tombstoned seqs, new seqs in row order)."""
     old = c.execute(
         # without INDEXED BY the planner (no ANALYZE stats) scans every live row
         "UPDATE items INDEXED BY items_live_id SET deleted = 1 "
         "WHERE coll_id = ? AND deleted = 0 AND item_id IN "
-        "(SELECT value FROM json_each(?)) RETURNING seq",
+        "(SELECT value FROM json_each(?)) RETURNING seq, text",
         (coll_id, json.dumps([r[0] for r in rows])),
     ).fetchall()
     seqs = np.empty(len(rows), dtype=np.int64)
     ins = "INSERT INTO items (coll_id, item_id, vector, text, metadata) VALUES (?, ?, ?, ?, ?)"
     for i, (item_id, text, md) in enumerate(rows):
         seqs[i] = c.execute(ins, (coll_id, item_id, mat[i].tobytes(), text, md)).lastrowid
-    return [s for (s,) in old], seqs
+    if with_lexical:
+        lexical.remove(c, coll_id, old)
+        lexical.add(c, coll_id, zip(seqs.tolist(), (r[1] for r in rows), strict=True))
+    return [s for s, _ in old], seqs
 
 
-def tombstone(c: Conn, coll_id: int, where: str, args: Sequence[Any], by_id: bool) -> list[int]:
-    """Mark the live rows matching `where` deleted; returns their seqs."""
+def tombstone(c: Conn, coll_id: int, where: str, args: Sequence[Any], by_id: bool,
+              with_lexical: bool) -> list[int]:
+    """Mark the live rows matching `where` deleted (and, `with_lexical`, unindex their text);
+    returns their seqs."""
     table = "items INDEXED BY items_live_id" if by_id else "items"
     rows = c.execute(
         f"UPDATE {table} SET deleted = 1 WHERE coll_id = ? AND deleted = 0 AND "
-        f"({where}) RETURNING seq",
+        f"({where}) RETURNING seq, text",
         [coll_id, *args],
     ).fetchall()
-    return [s for (s,) in rows]
+    if with_lexical:
+        lexical.remove(c, coll_id, rows)
+    return [s for s, _ in rows]
 
 
 # ------------------------------------------------------------------ items: reads

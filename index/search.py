@@ -38,13 +38,16 @@ if "__dict__" in dir(Hit) and not hasattr(Hit, "__slots__"):
         # Hit is a frozen dataclass, whose __init__ (object.__setattr__ per field) costs
         # ~3x this; searches build up to top_k of them per query.
         h = _new(Hit)
-        h.__dict__.update(id=item_id, score=score, text=text, metadata=metadata)
+        h.__dict__.update(
+            id=item_id, score=score, text=text, metadata=metadata, dense=score, lexical=None,
+            fused=None,
+        )
         return h
 
 else:  # pragma: no cover - if Hit ever gains __slots__
 
     def _hit(item_id: str, score: float, text: str, metadata: Any) -> Hit:
-        return Hit(id=item_id, score=score, text=text, metadata=metadata)
+        return Hit(id=item_id, score=score, text=text, metadata=metadata, dense=score)
 
 
 def _mask_lookup(mask: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:

@@ -79,6 +79,7 @@ class Coll:
     dir: Path
     kind: IndexType = IndexType.FLAT  # what the FAISS index is
     purpose: Kind = Kind.COLLECTION  # which namespace of the tenant the name lives in
+    lexical: bool = True  # keeps an FTS5 index of item text (index.lexical)
     rparams: IndexParams = field(default_factory=IndexParams)  # resolved for `kind`
     index: Any = None
     indexed_seq: int = 0  # every committed row of this collection up to here is indexed

@@ -1,6 +1,7 @@
 """The SQLite schema: the source of truth for collections and items.
 
-`items.seq` (AUTOINCREMENT, never reused) is the FAISS id of an item's vector. An upsert
+`items.seq` (AUTOINCREMENT, never reused) is the FAISS id of an item's vector and the rowid
+of its text in the collection's lexical index (`index.lexical`). An upsert
 of an existing id tombstones the old row (`deleted = 1`) and inserts a new one, so every
 vector a FAISS index holds stays addressable until a compaction drops tombstoned rows.
 """
@@ -8,6 +9,8 @@ vector a FAISS index holds stays addressable until a compaction drops tombstoned
 from __future__ import annotations
 
 import sqlite3
+
+from index import lexical
 
 DB_NAME = "ragplane.db"
 
@@ -24,6 +27,7 @@ CREATE TABLE IF NOT EXISTS collections (
     params      TEXT    NOT NULL,   -- IndexParams as requested (JSON)
     generation  INTEGER NOT NULL,   -- the active generation
     created_at  REAL    NOT NULL,
+    lexical     INTEGER NOT NULL DEFAULT 1,  -- keeps lex_<id>, an FTS5 index (index.lexical)
     UNIQUE (tenant, kind, name)
 );
 CREATE TABLE IF NOT EXISTS items (
@@ -66,7 +70,7 @@ CREATE TABLE IF NOT EXISTS prev_vectors (
 """
 
 
-SCHEMA_VERSION = 1  # PRAGMA user_version of a store this code wrote or upgraded
+SCHEMA_VERSION = 2  # PRAGMA user_version of a store this code wrote or upgraded
 
 # Version 0 kept memory namespaces as collections of a made-up tenant "memory:<tenant>".
 # Version 1 gives them their own kind; the UNIQUE constraint changes, so SQLite needs the
@@ -108,6 +112,23 @@ COMMIT;
 """
 
 
+def _migrate_v2(conn: sqlite3.Connection) -> None:
+    """Version 2 gives every collection a lexical index: the `lexical` column, and each
+    collection's FTS5 table filled from its live items, in one transaction, so a store is
+    either wholly upgraded or untouched (an interrupted upgrade runs again at next open)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("ALTER TABLE collections ADD COLUMN lexical INTEGER NOT NULL DEFAULT 1")
+        for (coll_id,) in conn.execute("SELECT id FROM collections").fetchall():
+            lexical.create(conn, coll_id)
+            lexical.backfill(conn, coll_id)
+        conn.execute("PRAGMA user_version = 2")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
     return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
 
@@ -123,6 +144,8 @@ def init_schema(conn: sqlite3.Connection) -> None:
                 conn.execute("ROLLBACK")
             raise
     conn.executescript(SCHEMA)
+    if "lexical" not in _columns(conn, "collections"):
+        _migrate_v2(conn)
     if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
         # only when it changes: opening a current store writes nothing, so it opens on a full disk
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

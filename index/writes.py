@@ -1,4 +1,5 @@
-"""Upserts and deletes: one SQLite transaction, then the FAISS index and the live set."""
+"""Upserts and deletes: one SQLite transaction (items and their lexical index), then the FAISS
+index and the live set."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def upsert(ctx: Context, tenant: str, name: str, records: Sequence[Record]) -> i
         if mat.shape[1] != coll.dim:  # the collection was re-embedded to another dim meanwhile
             mat = record_vectors(records, coll.dim, coll.metric, coll.name)
         with ctx.tx() as c:
-            old, seqs = repo.replace_items(c, coll.id, rows, mat)
+            old, seqs = repo.replace_items(c, coll.id, rows, mat, coll.lexical)
         _index(coll, mat, seqs, [r[0] for r in rows], old)
         with coll.rw.write():
             coll.writes_since_ckpt += len(rows)
@@ -82,7 +83,7 @@ def delete(
         if coll.dropped:
             raise NotFound(f"collection {name!r} was deleted")
         with ctx.tx() as c:
-            gone = repo.tombstone(c, coll.id, where, args, by_id=ids is not None)
+            gone = repo.tombstone(c, coll.id, where, args, ids is not None, coll.lexical)
         with coll.rw.write():
             coll.mark_dead(gone)
             coll.writes_since_ckpt += len(gone)

@@ -16,7 +16,18 @@ import numpy as np
 
 from core.errors import FailedPrecondition, InvalidArgument
 from index import Engine
-from index.types import CollectionInfo, Filter, IndexParams, IndexType, Metric, Record, SearchResult
+from index.fusion import check as check_fusion
+from index.types import (
+    CollectionInfo,
+    Filter,
+    Fusion,
+    IndexParams,
+    IndexType,
+    Metric,
+    Record,
+    SearchMode,
+    SearchResult,
+)
 from index.validate import check_top_k, query_vectors
 from server import auth
 from server.embedding.service import EmbeddingService
@@ -49,7 +60,14 @@ class CollectionService:
         self._compatible = compatible
 
     def create(
-        self, name: str, *, metric: Metric, index_type: IndexType, dim: int, params: IndexParams
+        self,
+        name: str,
+        *,
+        metric: Metric,
+        index_type: IndexType,
+        dim: int,
+        params: IndexParams,
+        lexical_index: bool = True,
     ) -> CollectionInfo:
         embedder = self.embedding.serving_embedder()
         if dim < 0:
@@ -66,6 +84,7 @@ class CollectionService:
             index_type=index_type,
             embedder=identity,
             params=params,
+            lexical_index=lexical_index,
         )
 
     def delete_collection(self, name: str) -> None:
@@ -146,6 +165,8 @@ class CollectionService:
         filter: Filter | None,
         include_text: bool,
         include_metadata: bool,
+        mode: SearchMode = SearchMode.DENSE,
+        fusion: Fusion = Fusion(),  # noqa: B008 - frozen
         is_active: Callable[[], bool] = lambda: True,
     ) -> tuple[SearchResult, str]:
         tenant = self._tenant()
@@ -153,6 +174,11 @@ class CollectionService:
         if text is None and vector is None:
             raise InvalidArgument("Search needs a query: set text or vector")
         check_top_k(top_k)
+        if mode is not SearchMode.DENSE:
+            return self._search_text(
+                tenant, name, text, top_k, filter, include_text, include_metadata, mode, fusion,
+                is_active,
+            )
         info = self.engine.describe(tenant, name)
         if text is not None:
             if not text.strip():
@@ -176,3 +202,36 @@ class CollectionService:
             include_metadata=include_metadata,
         )
         return res, identity
+
+    def _search_text(
+        self,
+        tenant: str,
+        name: str,
+        text: str | None,
+        top_k: int,
+        filter: Filter | None,
+        include_text: bool,
+        include_metadata: bool,
+        mode: SearchMode,
+        fusion: Fusion,
+        is_active: Callable[[], bool],
+    ) -> tuple[SearchResult, str]:
+        """LEXICAL (no embedding at all) and HYBRID searches, which need the query's text."""
+        if text is None:
+            raise InvalidArgument(
+                f"{mode.value} search ranks by the query's words: send text, not a vector "
+                "(vector queries search in dense mode)"
+            )
+        if not text.strip():
+            raise InvalidArgument("query text is empty")
+        options = {"filter": filter, "include_text": include_text,
+                   "include_metadata": include_metadata}
+        if mode is SearchMode.LEXICAL:
+            return self.engine.search_lexical(tenant, name, text, top_k, **options), ""
+        check_fusion(fusion)  # before the embedding is paid for
+        self._embedder_for(self.engine.describe(tenant, name), "the query text")
+        result = self.embedding.embed([text], is_active=is_active)
+        res = self.engine.search_hybrid(
+            tenant, name, text, result.vectors[0], top_k, fusion=fusion, **options
+        )
+        return res, result.embedder

@@ -9,7 +9,9 @@ Recall score (documented in the API): a weighted mean of three parts,
 
     score = (w_rel * relevance + w_rec * recency + w_imp * importance) / (w_rel + w_rec + w_imp)
 
-* relevance: cosine similarity of query and memory, in [-1, 1];
+* relevance: cosine similarity of query and memory, in [-1, 1] (Recall's default, dense
+  mode); in lexical or hybrid mode the memory's BM25 or fused score divided by the best
+  candidate's, in [0, 1];
 * recency: 0.5 ** (age / half_life), age = now - last update, in (0, 1];
 * importance: as remembered, in [0, 1].
 
@@ -31,7 +33,19 @@ from typing import Any
 
 from core.errors import InvalidArgument, NotFound, RagplaneError
 from index import Engine
-from index.types import Condition, Filter, FilterOp, IndexType, Kind, Metric, Record
+from index.fusion import check as check_fusion
+from index.types import (
+    Condition,
+    Filter,
+    FilterOp,
+    Fusion,
+    Hit,
+    IndexType,
+    Kind,
+    Metric,
+    Record,
+    SearchMode,
+)
 from index.validate import check_name
 from server import auth
 from server.embedding.service import EmbeddingService
@@ -211,6 +225,8 @@ class MemoryService:
         top_k: int = 10,
         filter: Filter | None = None,
         *,
+        mode: SearchMode = SearchMode.DENSE,
+        fusion: Fusion = Fusion(),  # noqa: B008 - frozen
         is_active: Callable[[], bool] = lambda: True,
     ) -> list[Memory]:
         space = self._space()
@@ -225,7 +241,6 @@ class MemoryService:
             for c in (*filter.must, *filter.should, *filter.must_not)
         ):
             raise InvalidArgument(f"filters may not name the reserved field {RESERVED!r}")
-        vec = self.embedding.embed([query], is_active=is_active).vectors[0]
         now = self.clock()
         live = Filter(
             must=(self._live(now), *(filter.must if filter else ())),
@@ -233,9 +248,10 @@ class MemoryService:
             must_not=filter.must_not if filter else (),
         )
         k = min(max(10 * top_k, 100), 10_000)
-        hits = self._store.search(
-            space, namespace, vec, k, filter=live, include_text=True, include_metadata=True
-        )[0].hits
+        hits = self._candidates(space, namespace, query, k, live, mode, fusion, is_active)
+        # BM25 and fused scores have no fixed scale: relative to the best candidate they
+        # fall in [0, 1], beside recency and importance.
+        best = max((h.score for h in hits), default=0.0)
         w = self.weights
         total = w.relevance + w.recency + w.importance
         scored = []
@@ -243,12 +259,45 @@ class MemoryService:
             m = self._to_memory(namespace, h)
             age = max(0.0, now - m.updated_at)
             recency = 0.5 ** (age / self.half_life_seconds)
+            if mode is SearchMode.DENSE:
+                relevance = h.score
+            else:
+                relevance = h.score / best if best > 0 else 0.0
             score = (
-                w.relevance * h.score + w.recency * recency + w.importance * m.importance
+                w.relevance * relevance + w.recency * recency + w.importance * m.importance
             ) / total
-            scored.append(replace(m, score=score, relevance=h.score, recency=recency))
+            scored.append(
+                replace(
+                    m, score=score, relevance=relevance, recency=recency, dense=h.dense,
+                    lexical=h.lexical, fused=h.fused,
+                )
+            )
         scored.sort(key=lambda m: (-m.score, m.id))
         return scored[:top_k]
+
+    def _candidates(
+        self,
+        space: str,
+        namespace: str,
+        query: str,
+        k: int,
+        live: Filter,
+        mode: SearchMode,
+        fusion: Fusion,
+        is_active: Callable[[], bool],
+    ) -> Sequence[Hit]:
+        """The `k` live memories most relevant to `query` by `mode`, with text and metadata."""
+        opts = {"filter": live, "include_text": True, "include_metadata": True}
+        if mode is SearchMode.LEXICAL:  # words only: no embedding needed
+            return self._store.search_lexical(space, namespace, query, k, **opts).hits
+        if mode is SearchMode.HYBRID:
+            check_fusion(fusion)  # before the embedding is paid for
+        vec = self.embedding.embed([query], is_active=is_active).vectors[0]
+        if mode is SearchMode.HYBRID:
+            return self._store.search_hybrid(
+                space, namespace, query, vec, k, fusion=fusion, **opts
+            ).hits
+        return self._store.search(space, namespace, vec, k, **opts)[0].hits
 
     def forget(
         self,

@@ -20,6 +20,7 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
             index_type=conv.index_type_from_pb(request.index_type),
             dim=request.dim,
             params=conv.params_from_pb(request.params),
+            lexical_index=conv.lexical_index_from_pb(request),
         )
         return conv.collection_info_to_pb(info)
 

@@ -28,6 +28,8 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
             request.query,
             request.top_k,
             conv.filter_from_pb(request.filter),
+            mode=conv.search_mode_from_pb(request.mode),
+            fusion=conv.fusion_from_pb(request.fusion),
             is_active=context.is_active,
         )
         return memory_pb2.RecallResponse(memories=[conv.memory_to_pb(m) for m in memories])

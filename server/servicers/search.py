@@ -21,6 +21,8 @@ class SearchServicer(search_pb2_grpc.SearchServiceServicer):
             filter=conv.filter_from_pb(request.filter),
             include_text=request.include_text,
             include_metadata=request.include_metadata,
+            mode=conv.search_mode_from_pb(request.mode),
+            fusion=conv.fusion_from_pb(request.fusion),
             is_active=context.is_active,
         )
         return conv.search_result_to_pb(result, embedder)

@@ -5,6 +5,7 @@ JSON returns what the Python stub gets. grpcurl is a Go tool that
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ragplane.v1 import embed_pb2
+from ragplane.v1 import common_pb2, embed_pb2, index_pb2
 
 pytestmark = pytest.mark.e2e
 
@@ -98,3 +99,42 @@ def test_embed_over_json_matches_the_python_stub(server):
     assert got.shape == (2, 64)
     want = server.stubs.embed.Embed(embed_pb2.EmbedRequest(texts=["hello world", "hello"]))
     np.testing.assert_allclose(got, np.array([v.values for v in want.vectors]), atol=1e-6)
+
+
+def _readme_commands(heading: str) -> list[list[str]]:
+    """The grpcurl commands of the first ```sh block after `heading` in README.md, as argv
+    lists (continuation lines joined)."""
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index(heading) :].split("```sh\n", 1)[1].split("```", 1)[0]
+    commands: list[list[str]] = []
+    for word in shlex.split(block.replace("\\\n", " ")):  # quoted JSON may span lines
+        if word == "grpcurl":
+            commands.append([])
+        commands[-1].append(word)
+    return commands
+
+
+def _field(d: dict, name: str):
+    camel = name.split("_")[0] + "".join(p.title() for p in name.split("_")[1:])
+    return d.get(name, d.get(camel))
+
+
+@requires_grpcurl
+def test_hybrid_search_as_the_readme_shows(server):
+    """Runs the README's lexical/hybrid grpcurl commands verbatim, but for the port."""
+    addr = f"127.0.0.1:{server.port}"
+    setup = common_pb2.Item(id="1", text="SQLite is the source of truth")
+    server.stubs.index.CreateCollection(index_pb2.CreateCollectionRequest(name="docs"))
+    server.stubs.index.Upsert(index_pb2.UpsertRequest(collection="docs", items=[setup]))
+    outs = []
+    for argv in _readme_commands("### Lexical and hybrid search"):
+        assert argv[:2] == ["grpcurl", "-plaintext"], argv
+        outs.append(json.loads(grpcurl(*[addr if a == "127.0.0.1:50051" else a for a in argv[2:]])))
+    upsert, lexical, hybrid, weighted = outs
+    assert int(upsert["upserted"]) == 1
+    assert [h["id"] for h in lexical["hits"]] == ["2"]
+    assert _field(lexical["hits"][0], "lexical_score") > 0
+    assert _field(lexical["hits"][0], "dense_score") is None
+    assert hybrid["hits"][0]["id"] == "2" and len(hybrid["hits"]) == 2
+    for h in hybrid["hits"] + weighted["hits"]:
+        assert _field(h, "fused_score") is not None and _field(h, "dense_score") is not None

@@ -266,7 +266,8 @@ func (x *Hit) GetFusedScore() float32 {
 type SearchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Hits  []*Hit                 `protobuf:"bytes,1,rep,name=hits,proto3" json:"hits,omitempty"`
-	// Fewer than top_k only when fewer items match the filter (or exist).
+	// Fewer than top_k only when fewer items match the filter (or exist); in LEXICAL mode,
+	// also when fewer items contain a word of the query.
 	ReturnedK int32 `protobuf:"varint,2,opt,name=returned_k,json=returnedK,proto3" json:"returned_k,omitempty"`
 	// True when the result is exact: a flat index or an exact scan of the filtered items for
 	// dense ranking, always for the lexical ranking (FTS5 ranks every matching item), and in
