@@ -18,6 +18,7 @@ token per run of characters, so they match whole runs only.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Collection
 
 from core.errors import InvalidArgument
 
@@ -72,10 +73,12 @@ def query_terms(text: str) -> list[str]:
     return terms
 
 
-def match_expression(text: str) -> str | None:
+def match_expression(text: str, leave_out: Collection[str] = ()) -> str | None:
     """The FTS5 MATCH expression for `text`: its query_terms as quoted phrases joined by OR,
-    or None when no word can match (empty text, only punctuation)."""
+    or None when no word can match (empty text, only punctuation). Terms in `leave_out` are
+    dropped unless that would drop them all."""
     terms = query_terms(text)
     if not terms:
         return None
+    terms = [t for t in terms if t not in leave_out] or terms
     return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)

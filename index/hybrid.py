@@ -2,8 +2,10 @@
 lexical rankings fused by `index.fusion`).
 
 Both apply the metadata filter in SQL, inside the ranking, so a filter never leaves a
-ranking short while items that match it exist. Lexical results are exact (FTS5 scores every
-matching item); a hybrid result is exhaustive when its dense ranking was.
+ranking short while items that match it exist. Lexical results are exact: FTS5 scores every
+item that holds a query word, leaving out only words that half the collection holds, whose
+BM25 weight FTS5 floors at 1e-6 (`lexical.weightless`). A hybrid result is exhaustive when
+its dense ranking was.
 
 A hybrid search ranks `candidates(top_k)` items by each method, fuses the two lists and
 reports, for every hit, its dense score (computed exactly from the stored vector when only
@@ -27,7 +29,7 @@ from index import repository as repo
 from index import search as dense_search
 from index.context import Context
 from index.filters import compile_filter
-from index.fts_query import match_expression
+from index.fts_query import match_expression, query_terms
 from index.fusion import check, fuse
 from index.state import Coll
 from index.types import Filter, Fusion, Hit, Metric, SearchResult
@@ -63,12 +65,18 @@ def _where(filter: Filter | None) -> tuple[str, list[Any]]:
     return ("", []) if filter is None or filter.is_empty() else (where, args)
 
 
-def _ranked(ctx: Context, coll: Coll, match: str | None, limit: int, filter: Filter | None):
+def _ranked(ctx: Context, coll: Coll, text: str, limit: int, filter: Filter | None):
+    """The lexical ranking of `text`: (seq, item id, score), best first."""
     where, args = _where(filter)
-    if match is None:  # no word that could match: nothing ranks
+    terms = query_terms(text)
+    if not terms:  # no word that could match: nothing ranks
         return []
+    conn = ctx.reader()
     try:
-        return lexical.ranked(ctx.reader(), coll.id, match, limit, where, args)
+        common = lexical.weightless(conn, coll.id, terms, coll.live_count)
+        match = match_expression(text, leave_out=common)
+        assert match is not None
+        return lexical.ranked(conn, coll.id, match, limit, where, args)
     except sqlite3.OperationalError:
         if ctx.find(coll.tenant, coll.name) is not coll:  # its table went with it
             raise NotFound(f"collection {coll.name!r} was deleted") from None
@@ -88,7 +96,7 @@ def search_lexical(
     """The `top_k` live items best matching the words of `text` by BM25, best first."""
     coll = _lexical_coll(ctx, tenant, name)
     k = check_top_k(top_k)
-    rows = _ranked(ctx, coll, match_expression(text), k, filter)
+    rows = _ranked(ctx, coll, text, k, filter)
     extra = _extras(ctx, [r[0] for r in rows], include_text, include_metadata)
     hits = [
         Hit(
@@ -136,7 +144,7 @@ def search_hybrid(
     match = match_expression(text)
     # The two rankings are independent and both release the GIL (FAISS, SQLite): side by
     # side, a hybrid search costs about the slower of the two, not their sum.
-    lexical_ranking = _RANKERS.submit(_ranked, ctx, coll, match, n, filter)
+    lexical_ranking = _RANKERS.submit(_ranked, ctx, coll, text, n, filter)
     try:
         dense = dense_search.search(ctx, tenant, name, q, n, filter, False, False)[0]
     finally:

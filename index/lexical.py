@@ -62,6 +62,54 @@ def remove(c: Conn, coll_id: int, rows: Iterable[tuple[int, str]]) -> None:
     c.executemany(f"INSERT INTO {t} ({t}, rowid, text) VALUES ('delete', ?, ?)", rows)
 
 
+def _temp_tables(c: Conn, coll_id: int) -> None:
+    """This connection's helpers: a scratch FTS5 table with the collection's tokenizer (to
+    tokenise query words exactly as the index does) and a view of the collection's
+    document frequencies. In the connection's temp schema: nothing is written to the store."""
+    c.execute(
+        "CREATE VIRTUAL TABLE IF NOT EXISTS temp.lex_tok "
+        f"USING fts5(text, content='', tokenize='{TOKENIZE}')"
+    )
+    c.execute(
+        "CREATE VIRTUAL TABLE IF NOT EXISTS temp.lex_tokens USING fts5vocab(temp, lex_tok, "
+        "'instance')"
+    )
+    c.execute(
+        f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{table(coll_id)}_df "
+        f"USING fts5vocab(main, {table(coll_id)}, 'row')"
+    )
+
+
+def weightless(c: Conn, coll_id: int, terms: Sequence[str], n_docs: int) -> set[str]:
+    """The one-token `terms` that half or more of the collection's `n_docs` items contain.
+
+    FTS5's bm25() floors such a word's idf, log((N - n + 0.5) / (n + 0.5)) <= 0, at 1e-6, so
+    it cannot lift an item above one that holds any other query word; but matching it makes
+    FTS5 score most of the collection (a query with "the" scores nearly every item).
+    Leaving these words out keeps the ranking and skips that work."""
+    if not terms or n_docs <= 0:
+        return set()
+    _temp_tables(c, coll_id)
+    c.executemany("INSERT INTO temp.lex_tok (rowid, text) VALUES (?, ?)", enumerate(terms))
+    try:
+        tokens: dict[int, set[str]] = {}
+        for doc, term in c.execute("SELECT doc, term FROM temp.lex_tokens").fetchall():
+            tokens.setdefault(doc, set()).add(term)
+    finally:
+        c.execute("INSERT INTO temp.lex_tok (lex_tok) VALUES ('delete-all')")
+    single = {i: next(iter(t)) for i, t in tokens.items() if len(t) == 1}
+    if not single:
+        return set()
+    df = dict(
+        c.execute(
+            f"SELECT term, doc FROM temp.{table(coll_id)}_df "
+            "WHERE term IN (SELECT value FROM json_each(?))",
+            (json.dumps(sorted(set(single.values()))),),
+        ).fetchall()
+    )
+    return {terms[i] for i, tok in single.items() if 2 * df.get(tok, 0) >= n_docs}
+
+
 def ranked(
     c: Conn, coll_id: int, match: str, limit: int, where: str = "", args: Sequence[Any] = ()
 ) -> list[tuple[int, str, float]]:

@@ -147,25 +147,28 @@ def test_sigkill_never_leaves_the_lexical_index_and_items_apart(tmp_path, capsys
         index_pb2.CreateCollectionRequest(name=COLL, dim=DIM, metric=index_pb2.METRIC_IP)
     )
     t0, checked = time.monotonic(), 0
-    for cycle in range(KILLS):
-        stop = threading.Event()
-        writers = [
-            threading.Thread(
-                target=_writer, args=(srv.port, w, random.Random(rng.random()), led, stop, cycle)
-            )
-            for w in range(2)
-        ]
-        for t in writers:
-            t.start()
-        time.sleep(rng.uniform(0.2, 1.0))
-        srv.kill()
-        stop.set()
-        for t in writers:
-            t.join(30)
-        checked += assert_lexical_matches_items(srv.data_dir)  # the store as the kill left it
-        srv.start()
-        checked += _verify(srv, led)
-    srv.kill()
+    try:
+        for cycle in range(KILLS):
+            stop = threading.Event()
+            writers = [
+                threading.Thread(
+                    target=_writer,
+                    args=(srv.port, w, random.Random(rng.random()), led, stop, cycle),
+                )
+                for w in range(2)
+            ]
+            for t in writers:
+                t.start()
+            time.sleep(rng.uniform(0.2, 1.0))
+            srv.kill()
+            stop.set()
+            for t in writers:
+                t.join(30)
+            checked += assert_lexical_matches_items(srv.data_dir)  # as the kill left it
+            srv.start()
+            checked += _verify(srv, led)
+    finally:
+        srv.kill()  # also when a check fails: no server outlives the test
     with capsys.disabled():
         print(
             f"\ncrash (lexical): {KILLS} SIGKILLs, {led.writes} acknowledged writes, "

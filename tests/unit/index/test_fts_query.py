@@ -170,3 +170,8 @@ def test_any_text_gives_valid_fts5_or_invalid_argument(fts, text):
 )
 def test_fts5_syntax_fragments_in_any_order(fts, parts):
     search(fts, "".join(parts))
+
+
+def test_left_out_terms_are_dropped_unless_none_would_remain():
+    assert match_expression("the zebra of", leave_out={"the", "of"}) == '"zebra"'
+    assert match_expression("the of", leave_out={"the", "of"}) == '"the" OR "of"'

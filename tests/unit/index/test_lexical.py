@@ -196,3 +196,44 @@ def test_a_dropped_collection_takes_its_index(engine, tmp_path):
     )
     assert not engine.search_lexical(T, "gone", "ephemeral", 1).hits
     assert_lexical_matches_items(tmp_path / "data")
+
+
+def test_words_half_the_collection_holds_are_left_out_without_changing_the_ranking(
+    engine, tmp_path
+):
+    import sqlite3
+
+    from index import lexical
+    from index.fts_query import match_expression
+
+    engine.create_collection(
+        T, "w", dim=2, metric=Metric.IP, index_type=IndexType.FLAT, embedder=""
+    )
+    rng = np.random.default_rng(2)
+    texts = [f"the {w} of item {i}" for i, w in enumerate(["zebra", "okapi", "gnu"] * 40)]
+    engine.upsert(
+        T,
+        "w",
+        [
+            Record(f"i{i}", rng.normal(size=2).astype(np.float32), t, {})
+            for i, t in enumerate(texts)
+        ],
+    )
+    db = sqlite3.connect(tmp_path / "data" / "ragplane.db")
+    try:
+        coll_id = db.execute("SELECT id FROM collections WHERE name = 'w'").fetchone()[0]
+        terms = ["the", "zebra", "of", "okapi", "item"]
+        assert lexical.weightless(db, coll_id, terms, len(texts)) == {"the", "of", "item"}
+        full = lexical.ranked(db, coll_id, match_expression(" ".join(terms)), 200)
+    finally:
+        db.close()
+    got = engine.search_lexical(T, "w", " ".join(terms), 200).hits
+    # the same items with the same scores (but for the left-out words' 1e-6 weights), so
+    # the same order but among near-ties; only items that hold nothing but those words
+    # (the 40 "gnu" ones, each scored ~1e-5) are no longer listed
+    want = {r[1]: r[2] for r in full if r[2] > 1e-3}
+    assert len(want) == 80 and len(full) == 120
+    assert {h.id: h.lexical for h in got} == pytest.approx(want, abs=1e-4)
+    assert [h.score for h in got] == sorted((h.score for h in got), reverse=True)
+    only_common = engine.search_lexical(T, "w", "the of", 5)
+    assert only_common.returned_k == 5  # nothing else to go by: the words are kept
