@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -39,10 +38,6 @@ from index.validate import MAX_TOP_K, check_top_k, query_vectors
 # an item ranked well by one method and fairly by the other is seen by both.
 MIN_CANDIDATES = 100
 CANDIDATES_PER_HIT = 4
-
-
-# Threads for the lexical half of hybrid searches; each keeps its own SQLite reader.
-_RANKERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="lexical-ranking")
 
 
 def candidates(top_k: int) -> int:
@@ -142,13 +137,8 @@ def search_hybrid(
     q = query_vectors(vector, coll.dim, coll.metric, coll.name)[0]
     n = candidates(k)
     match = match_expression(text)
-    # The two rankings are independent and both release the GIL (FAISS, SQLite): side by
-    # side, a hybrid search costs about the slower of the two, not their sum.
-    lexical_ranking = _RANKERS.submit(_ranked, ctx, coll, text, n, filter)
-    try:
-        dense = dense_search.search(ctx, tenant, name, q, n, filter, False, False)[0]
-    finally:
-        lex = lexical_ranking.result()
+    dense = dense_search.search(ctx, tenant, name, q, n, filter, False, False)[0]
+    lex = _ranked(ctx, coll, text, n, filter)
     fused = fuse([(h.id, h.score) for h in dense.hits], [(i, s) for _, i, s in lex], fusion, k)
     if not fused:
         return SearchResult(hits=(), returned_k=0, exhaustive=dense.exhaustive)
