@@ -65,7 +65,10 @@ def remove(c: Conn, coll_id: int, rows: Iterable[tuple[int, str]]) -> None:
 def _temp_tables(c: Conn, coll_id: int) -> None:
     """This connection's helpers: a scratch FTS5 table with the collection's tokenizer (to
     tokenise query words exactly as the index does) and a view of the collection's
-    document frequencies. In the connection's temp schema: nothing is written to the store."""
+    document frequencies. In the connection's temp schema, kept in memory: nothing is
+    written to the store or the disk (a search works on a full or read-only disk)."""
+    if c.execute("PRAGMA temp_store").fetchone()[0] != 2:
+        c.execute("PRAGMA temp_store = MEMORY")  # drops temp tables: only before the first
     c.execute(
         "CREATE VIRTUAL TABLE IF NOT EXISTS temp.lex_tok "
         f"USING fts5(text, content='', tokenize='{TOKENIZE}')"
