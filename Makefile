@@ -75,8 +75,8 @@ fuzz: install ## the descriptor fuzzer at scale: >= 100,000 cases over every RPC
 	RAGPLANE_FUZZ_PER_RPC=$(or $(FUZZ_PER_RPC),4200) RAGPLANE_FUZZ_MIN_CASES=$(if $(FUZZ_PER_RPC),500,100000) \
 	  $(PY) -m pytest tests/reliability/test_fuzz.py -q -s -p no:cacheprovider --timeout=0
 
-crash: install ## 100 kill -9 cycles of the crash test, every acknowledged write checked after each
-	RAGPLANE_CRASH_KILLS=$(or $(CRASH_KILLS),100) $(PY) -m pytest tests/reliability/test_crash.py -q -s -p no:cacheprovider --timeout=0
+crash: install ## 100 kill -9 cycles of each crash test, every acknowledged write checked after each
+	RAGPLANE_CRASH_KILLS=$(or $(CRASH_KILLS),100) $(PY) -m pytest tests/reliability/test_crash.py tests/reliability/test_crash_lexical.py -q -s -p no:cacheprovider --timeout=0
 
 flip-demo: install ## the embeddings case flipping on its own evidence, or the gate that holds it (exit 3)
 	$(PY) -m bench.flip

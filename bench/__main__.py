@@ -49,12 +49,6 @@ SECTIONS = {
         "G2 needs the A/B/A time ratio's upper 95% bound <= 1.05 over >= 30 timed batches, "
         "with G1 unchanged (min cosine >= 0.9999, mean >= 0.99999, overlap@10 >= 0.99).",
     ),
-    "hybrid": (
-        "9. Dense vs lexical (BM25) vs hybrid search: quality and latency",
-        "bench.hybrid",
-        "Goals: hybrid beats dense and lexical on the mixed labelled set (recall@10, nDCG@10); "
-        "hybrid p50 at most 1.5x dense p50 at 100,000 items.",
-    ),
     "gpu": (
         "8. On an NVIDIA GPU: canonical CUDA (encode vs pipelined fp32/fp16) and embedder_rs wgpu",
         "bench.gpu",
@@ -67,6 +61,12 @@ SECTIONS = {
         "bench.soak",
         "Goal: zero failed calls; after warm-up, RSS grows < 10% and open files and threads "
         "do not grow. Sampled every 30 s. `make soak` (exit 1 when a goal is missed).",
+    ),
+    "hybrid": (
+        "10. Dense vs lexical (BM25) vs hybrid search: quality and latency",
+        "bench.hybrid",
+        "Goals: hybrid beats dense and lexical on the mixed labelled set (recall@10, nDCG@10); "
+        "hybrid p50 at most 1.5x dense p50 at 100,000 items.",
     ),
 }
 # Only on request (`--only gpu`): on a machine without CUDA it would overwrite a measured

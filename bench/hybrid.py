@@ -1,4 +1,4 @@
-"""9. Dense vs lexical vs hybrid search: quality on a labelled set from real text, and
+"""10. Dense vs lexical vs hybrid search: quality on a labelled set from real text, and
 latency at 100,000 items.
 
 Quality: the documents and queries of `bench.hybrid_set` (stdlib docstrings and pydoc

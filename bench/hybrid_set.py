@@ -1,5 +1,5 @@
 """A labelled retrieval set from real text shipped with Python, for dense vs lexical vs
-hybrid search (bench section 9).
+hybrid search (bench section 10).
 
 Documents: the docstrings of the public functions, classes and methods of a fixed list of
 standard-library modules (id = the dotted name, text = "name: first paragraphs", as an API

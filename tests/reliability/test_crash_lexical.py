@@ -13,6 +13,7 @@ Seeded; KILLS cycles of a second or so each.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -27,7 +28,7 @@ from tests.lexical_consistency import assert_lexical_matches_items
 
 pytestmark = pytest.mark.e2e
 
-KILLS = 8
+KILLS = int(os.environ.get("RAGPLANE_CRASH_KILLS", "8"))  # `make crash` runs 100
 DIM = 4
 SEED = 20261201
 COLL = "crashlex"

@@ -1,4 +1,4 @@
-"""The labelled quality set of bench section 9 is well formed: every label names a document,
+"""The labelled quality set of bench section 10 is well formed: every label names a document,
 both groups are present, and it is the same on every build."""
 
 from __future__ import annotations
