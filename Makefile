@@ -81,7 +81,7 @@ crash: install ## 100 kill -9 cycles of each crash test, every acknowledged writ
 flip-demo: install ## the embeddings case flipping on its own evidence, or the gate that holds it (exit 3)
 	$(PY) -m bench.flip
 
-service-g2: install ## G2 in the service: Locust mixed, shadow at sample rate 1.0, ~2 minutes
+service-g2: install ## G2 in the service: Locust mixed, shadow at sample rate 1.0, ~4 minutes
 	$(PY) -m bench.service_g2
 
 clean: ## remove the venv and build outputs
