@@ -75,16 +75,10 @@ ON_REQUEST = {"gpu", "soak"}  # the soak takes 10 minutes: `make soak`
 
 
 def machine() -> str:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from server.shadow.releases import cpu_model
+
     return (
-        f"{os.cpu_count()} cores ({cpu or platform.processor()}), Python "
+        f"{os.cpu_count()} cores ({cpu_model() or platform.processor()}), Python "
         f"{platform.python_version()}, {platform.system()}"
     )
 

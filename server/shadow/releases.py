@@ -99,18 +99,20 @@ class ReleaseRecord:
             ) from None
 
 
-def machine_description() -> str:
-    cpu = ""
+def cpu_model() -> str:
+    """The processor's model name from /proc/cpuinfo ("" where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{os.cpu_count()} cores, {cpu or platform.processor() or platform.machine()}, " + (
-        f"{platform.system()} {platform.release()}"
-    )
+    return ""
+
+
+def machine_description() -> str:
+    cpu = cpu_model() or platform.processor() or platform.machine()
+    return f"{os.cpu_count()} cores, {cpu}, {platform.system()} {platform.release()}"
 
 
 def record_from(

@@ -232,15 +232,7 @@ mod tests {
     }
 
     fn lcg(n: usize, seed: u64) -> Vec<f32> {
-        let mut state = seed;
-        (0..n)
-            .map(|_| {
-                state = state
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
-            })
-            .collect()
+        super::super::test_values(n, seed, 4.0)
     }
 
     /// Agrees with burn's masked attention (the wgpu path) on every real token, for ragged

@@ -231,6 +231,21 @@ fn pool(hidden: &[f32], h: usize, spans: &[(usize, usize)], normalize: bool) -> 
     out
 }
 
+/// `n` pseudo-random values in `[-span/2, span/2)` from a 64-bit LCG: test inputs that
+/// are the same on every run.
+#[cfg(test)]
+pub(crate) fn test_values(n: usize, seed: u64, span: f32) -> Vec<f32> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * span
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

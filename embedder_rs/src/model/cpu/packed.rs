@@ -357,15 +357,7 @@ mod tests {
     use super::*;
 
     fn lcg(n: usize, seed: u64) -> Vec<f32> {
-        let mut state = seed;
-        (0..n)
-            .map(|_| {
-                state = state
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0
-            })
-            .collect()
+        super::super::test_values(n, seed, 2.0)
     }
 
     fn reference(x: &[f32], w: &[f32], b: &[f32], m: usize, d_in: usize, d_out: usize) -> Vec<f32> {
@@ -458,35 +450,6 @@ mod tests {
                     );
                 }
             }
-        }
-    }
-
-    #[test]
-    fn portable_kernel_matches_the_chosen_one() {
-        let (m, d_in, d_out) = (13, 50, 64);
-        let (x, w, b) = (lcg(m * d_in, 4), lcg(d_in * d_out, 5), lcg(d_out, 6));
-        let packed = PackedLinear::new(&w, &b, d_in, d_out);
-        let mut fast = vec![0.0f32; m * d_out];
-        packed.forward(&x, m, &mut fast, Epilogue::Bias);
-        let mut slow = vec![0.0f32; m * d_out];
-        for r0 in (0..m).step_by(MR) {
-            for p in 0..d_out / NR {
-                let rows = MR.min(m - r0);
-                portable::tile(&Tile {
-                    x: &x[r0 * d_in..(r0 + rows) * d_in],
-                    rows,
-                    k: d_in,
-                    panel: &packed.panels[p * d_in * NR..(p + 1) * d_in * NR],
-                    bias: &packed.bias[p * NR..(p + 1) * NR],
-                    out: slow[r0 * d_out + p * NR..].as_mut_ptr(),
-                    ldc: d_out,
-                    cols: NR,
-                    epilogue: Epilogue::Bias,
-                });
-            }
-        }
-        for (a, e) in fast.iter().zip(&slow) {
-            assert!((a - e).abs() < 1e-5);
         }
     }
 }
