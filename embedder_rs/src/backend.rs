@@ -93,11 +93,6 @@ pub fn cpu_device() -> SelectedDevice {
     }
 }
 
-/// True for the flex CPU device, where the model runs its fused host kernels.
-pub fn is_cpu(device: &Device) -> bool {
-    *device == Device::flex()
-}
-
 /// Resolves `"cpu"`, `"wgpu"` or `"auto"` (wgpu when a hardware GPU adapter exists,
 /// else cpu).
 pub fn select(backend: &str) -> Result<SelectedDevice> {
@@ -140,6 +135,6 @@ mod tests {
         let d = select("cpu").unwrap();
         assert_eq!(d.kind, BackendKind::Cpu);
         assert!(d.adapter.contains("flex"));
-        assert!(is_cpu(&d.device));
+        assert!(d.device == Device::flex());
     }
 }

@@ -1,11 +1,9 @@
-//! Exact (erf) GELU: burn's op for the tensor path, and a branch-free scalar form that the
-//! CPU kernels apply as they store the up projection.
+//! Exact (erf) GELU in a branch-free scalar form that the CPU kernels apply as they store
+//! the up projection (the tensor path uses burn's `gelu`).
 //!
 //! burn's `gelu` is five element-wise passes (scale, erf, add, multiply, scale), each
 //! allocating its output, with a scalar software `erff`: about a fifth of a CPU forward
 //! pass. [`gelu_scalar`] is one branch-free expression that LLVM vectorises in place.
-
-use burn::tensor::Tensor;
 
 /// `erf(x)` as a rational function `x * P(x^2) / Q(x^2)` on `[-4, 4]` (outside it erf is
 /// +/-1 in f32). Maximum absolute error 4.2e-7 over `[-6, 6]` against the exact erf
@@ -37,15 +35,10 @@ pub fn gelu_scalar(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
-/// GELU of `x` in burn's ops (the tensor path: wgpu, and the CPU reference in tests).
-pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    burn::tensor::activation::gelu(x)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::{Device, TensorData};
+    use burn::tensor::{Device, Tensor, TensorData};
 
     /// erf in f64 by its Taylor series (|x| < 3) and continued fraction beyond: the
     /// reference the f32 approximation is held to.

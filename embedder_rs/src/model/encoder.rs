@@ -2,10 +2,8 @@
 
 use burn::module::Module;
 use burn::nn::{LayerNorm, Linear};
-use burn::tensor::{Device, Tensor};
-
-use super::activation::gelu;
-use burn::tensor::Bool;
+use burn::tensor::activation::gelu;
+use burn::tensor::{Bool, Device, Tensor};
 
 use super::attention::BertAttention;
 use super::config::BertConfig;

@@ -7,25 +7,18 @@
 
 /// `multiversion!(pub fn name(a: A, b: B), body)` defines `pub fn name(a: A, b: B)` running
 /// `body(a, b)` (an `#[inline(always)]` function) compiled for AVX-512F, AVX2 or the
-/// baseline, whichever the CPU has. `multiversion!(pub fn name, body)` is the short form
-/// for `name(values: &mut [f32])`.
+/// baseline, whichever the CPU has.
 macro_rules! multiversion {
-    ($vis:vis fn $name:ident, $body:path) => {
-        $crate::model::simd::multiversion!($vis fn $name(values: &mut [f32]), $body);
-    };
     ($vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?), $body:path) => {
-        $crate::model::simd::multiversion!($vis fn $name($($arg: $ty),*) -> (), $body);
-    };
-    ($vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty, $body:path) => {
-        $vis fn $name($($arg: $ty),*) -> $ret {
+        $vis fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f")]
-                fn avx512($($arg: $ty),*) -> $ret {
+                fn avx512($($arg: $ty),*) {
                     $body($($arg),*)
                 }
                 #[target_feature(enable = "avx2")]
-                fn avx2($($arg: $ty),*) -> $ret {
+                fn avx2($($arg: $ty),*) {
                     $body($($arg),*)
                 }
                 if std::arch::is_x86_feature_detected!("avx512f") {

@@ -69,16 +69,6 @@ impl PackedLinear {
         }
     }
 
-    /// Input width.
-    pub fn d_in(&self) -> usize {
-        self.d_in
-    }
-
-    /// Output width.
-    pub fn d_out(&self) -> usize {
-        self.d_out
-    }
-
     /// `out[m, d_out] = epilogue(x[m, d_in] @ W + b)`, split across rayon's threads.
     pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32], epilogue: Epilogue) {
         assert_eq!(x.len(), m * self.d_in, "x must be [m, d_in]");
