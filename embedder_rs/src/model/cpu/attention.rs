@@ -239,9 +239,15 @@ mod tests {
     /// lengths: the padded batch is given as spans of its rows.
     #[test]
     fn matches_burn_attention_on_real_tokens() {
-        let (b, s, heads, dh) = (3, 11, 4, 8);
+        // small enough to run serially, then large enough to split across rayon's workers
+        check_against_burn(3, 11, 4, 8, &[11, 5, 1]);
+        let work = (200 * 200 + 120 * 120) * 12 * 32 * 2;
+        assert!(work >= crate::model::cpu::packed::SERIAL_FMAS);
+        check_against_burn(2, 200, 12, 32, &[200, 120]);
+    }
+
+    fn check_against_burn(b: usize, s: usize, heads: usize, dh: usize, lengths: &[usize]) {
         let h = heads * dh;
-        let lengths = [11, 5, 1];
         let qkv = lcg(b * s * 3 * h, 7);
         let spans: Vec<(usize, usize)> = lengths
             .iter()
@@ -253,7 +259,7 @@ mod tests {
 
         let device = Device::flex();
         let fused = Tensor::<3>::from_data(TensorData::new(qkv, [b, s, 3 * h]), &device);
-        let mask = padding_mask(&lengths, s, heads, &device);
+        let mask = padding_mask(lengths, s, heads, &device);
         let want = device_attention(fused, mask, heads)
             .into_data()
             .try_to_vec::<f32>()

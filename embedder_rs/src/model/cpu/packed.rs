@@ -373,7 +373,13 @@ mod tests {
             (9, 33, 70),
             (70, 64, 96),
             (130, 40, 33),
+            // over SERIAL_FMAS: split across rayon's workers
+            (300, 256, 256),
         ] {
+            assert!(
+                m < 300 || m * d_in * d_out >= SERIAL_FMAS,
+                "the large case must run in parallel"
+            );
             let (x, w, b) = (lcg(m * d_in, 1), lcg(d_in * d_out, 2), lcg(d_out, 3));
             let packed = PackedLinear::new(&w, &b, d_in, d_out);
             let mut out = vec![f32::NAN; m * d_out];
