@@ -4,13 +4,17 @@
 //! padded key with a per-element branch and takes a scalar `exp` per score: about 30% of
 //! a forward pass once the matmuls were fast. Here the batch is *packed*: the sequences'
 //! tokens lie one after another with no padding at all, and each sequence is a span of
-//! rows. Each (sequence, head) is one rayon task that reads Q, K and V in place from the
-//! `[tokens, 3, heads, dh]` projection through gemm's strides, attends over exactly the
-//! sequence's tokens and runs a vectorised softmax.
+//! rows. Each (sequence, head) is one rayon task that reads Q in place from the
+//! `[tokens, 3, heads, dh]` projection (rows `3 * heads * dh` apart), packs its K^T and V
+//! into panels for the linear layers' register tile, attends over exactly the sequence's
+//! tokens and runs a vectorised softmax.
+
+use std::cell::RefCell;
 
 use rayon::prelude::*;
 
 use super::super::simd::multiversion;
+use super::packed::{self, Operand};
 use super::SendPtr;
 
 /// Context vectors `[tokens, heads * dh]` of `qkv` (`[tokens, 3, heads, dh]`, row-major)
@@ -33,8 +37,8 @@ pub fn attention(qkv: &[f32], heads: usize, dh: usize, spans: &[(usize, usize)],
     );
     let dst = SendPtr(out.as_mut_ptr());
     let scale = 1.0 / (dh as f32).sqrt();
-    let token = (3 * h) as isize; // stride between tokens in qkv
-    let head_task = |(scores, inv_sums): &mut (Vec<f32>, Vec<f32>), task: usize| {
+    let token = 3 * h; // stride between tokens in qkv
+    let head_task = |s: &mut Scratch, task: usize| {
         let (seq, head) = (task / heads, task % heads);
         let (first, len) = spans[seq];
         if len == 0 {
@@ -42,88 +46,102 @@ pub fn attention(qkv: &[f32], heads: usize, dh: usize, spans: &[(usize, usize)],
         }
         let base = first * 3 * h + head * dh;
         let (q, k, v) = (&qkv[base..], &qkv[base + h..], &qkv[base + 2 * h..]);
-        scores.resize(len * len, 0.0);
-        inv_sums.resize(len, 0.0);
-        // SAFETY: q, k, v hold `len` tokens at stride `token` with `dh` values each
-        // (spans checked against qkv's length above); `scores` is len x len.
+        // the head's keys as the columns of K^T and its values as rows, in panels for the
+        // same register tile as the linear layers (the `gemm` crate, used before, repacked
+        // both and ran at about half the tile's rate on these shapes)
+        packed::pack_columns(k, token, dh, len, &mut s.keys);
+        packed::pack_rows(v, token, len, dh, &mut s.values);
+        s.scores.resize(len * len, 0.0);
+        s.inv_sums.resize(len, 0.0);
+        // SAFETY: `scores` is len x len; q holds `len` rows of dh values, `token` apart
+        // (spans were checked against qkv's length above).
         unsafe {
-            gemm::gemm(
+            packed::multiply(
+                Operand {
+                    x: q,
+                    lda: token,
+                    k: dh,
+                },
                 len,
+                &s.keys,
                 len,
-                dh,
-                scores.as_mut_ptr(),
-                1,
-                len as isize,
-                false,
-                q.as_ptr(),
-                1,
-                token,
-                k.as_ptr(),
-                token, // K^T: column j is token j
-                1,
-                0.0,
-                scale,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
-        }
-        softmax_rows(scores, inv_sums);
+                s.scores.as_mut_ptr(),
+                len,
+            )
+        };
+        softmax_rows(&mut s.scores, &mut s.inv_sums, scale);
         // SAFETY: this task alone writes rows first..first+len, columns
         // head*dh..(head+1)*dh of `out` (spans are disjoint; tasks differ in span or
         // head); `out` outlives the parallel loop.
         unsafe {
-            gemm::gemm(
+            let context = dst.at(first * h + head * dh);
+            packed::multiply(
+                Operand {
+                    x: &s.scores,
+                    lda: len,
+                    k: len,
+                },
                 len,
+                &s.values,
                 dh,
-                len,
-                dst.at(first * h + head * dh),
-                1,
-                h as isize,
-                false,
-                scores.as_ptr(),
-                1,
-                len as isize,
-                v.as_ptr(),
-                1,
-                token,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
+                context,
+                h,
             );
             // the softmax's normalisation, on len x dh values instead of len x len
-            scale_rows(dst.at(first * h + head * dh), h, dh, inv_sums);
+            scale_rows(context, h, dh, &s.inv_sums);
         }
     };
+    // head_task calls nothing that re-enters rayon, so the borrow is never nested
+    let run = |task: usize| SCRATCH.with(|s| head_task(&mut s.borrow_mut(), task));
     let work: usize = spans.iter().map(|&(_, len)| len * len).sum::<usize>() * heads * dh * 2;
     let tasks = 0..spans.len() * heads;
     if work < super::packed::SERIAL_FMAS {
-        let mut scratch = (Vec::new(), Vec::new());
-        tasks.for_each(|task| head_task(&mut scratch, task));
+        tasks.for_each(run);
     } else {
-        tasks
-            .into_par_iter()
-            .with_max_len(1)
-            .for_each_init(|| (Vec::new(), Vec::new()), head_task);
+        tasks.into_par_iter().with_max_len(1).for_each(run);
     }
 }
 
-multiversion!(fn softmax_rows(scores: &mut [f32], inv_sums: &mut [f32]), softmax_rows_generic);
+/// One head's working memory.
+struct Scratch {
+    /// `K^T` `[dh, len]` in panels.
+    keys: Vec<f32>,
+    /// `V` `[len, dh]` in panels.
+    values: Vec<f32>,
+    /// `[len, len]`
+    scores: Vec<f32>,
+    /// `[len]`
+    inv_sums: Vec<f32>,
+}
+
+thread_local! {
+    /// Each thread's scratch, kept across tasks and calls: a fresh `len x len` buffer per
+    /// task is, for a long sequence, an mmap whose pages the kernel zeroes on first touch
+    /// (with the per-batch buffers, ~5% of a one-passage call).
+    static SCRATCH: RefCell<Scratch> = const {
+        RefCell::new(Scratch {
+            keys: Vec::new(),
+            values: Vec::new(),
+            scores: Vec::new(),
+            inv_sums: Vec::new(),
+        })
+    };
+}
+
+multiversion!(fn softmax_rows(scores: &mut [f32], inv_sums: &mut [f32], scale: f32), softmax_rows_generic);
 
 /// Independent accumulators per reduction, so the max and the sum vectorise (a single
 /// running f32 sum is a strict sequential dependency LLVM must not reorder).
 const LANES: usize = 16;
 
-/// Each row `i` of the square `scores` (`inv_sums.len()` rows) becomes `e^(x - max)`, left
+/// Each row `i` of the square `scores` (`inv_sums.len()` rows) of raw products `x` becomes
+/// `e^(scale * (x - max))` (the attention's `1 / sqrt(dh)` applied here, in the pass that
+/// reads the row anyway), left
 /// unnormalised, and `inv_sums[i]` its `1 / sum`: the normalisation is applied to the
 /// `len x dh` context rows afterwards instead of the `len x len` scores (three passes over
 /// a row instead of four).
 #[inline(always)]
-fn softmax_rows_generic(scores: &mut [f32], inv_sums: &mut [f32]) {
+fn softmax_rows_generic(scores: &mut [f32], inv_sums: &mut [f32], scale: f32) {
     let len = inv_sums.len();
     for (row, inv) in scores.chunks_exact_mut(len).zip(inv_sums.iter_mut()) {
         let mut lanes = [f32::NEG_INFINITY; LANES];
@@ -140,7 +158,7 @@ fn softmax_rows_generic(scores: &mut [f32], inv_sums: &mut [f32]) {
             .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
         // a plain loop, which LLVM's loop vectoriser takes whole (fused with the sum below
         // into 16-lane chunks, it stayed scalar)
-        row.iter_mut().for_each(|x| *x = exp(*x - max));
+        row.iter_mut().for_each(|x| *x = exp((*x - max) * scale));
         let mut sums = [0.0f32; LANES];
         let mut chunks = row.chunks_exact(LANES);
         for c in &mut chunks {
@@ -198,21 +216,28 @@ mod tests {
 
     #[test]
     fn softmax_rows_match_the_exact_softmax() {
-        for n in [1usize, 5, 16, 17, 100, 256] {
+        for (n, scale) in [
+            (1usize, 1.0f32),
+            (5, 1.0),
+            (16, 0.125),
+            (17, 1.0),
+            (100, 0.125),
+            (256, 0.3),
+        ] {
             let logits: Vec<f32> = (0..n * n)
                 .map(|i| ((i * 37) % 11) as f32 * 0.7 - 3.0 + (i / n) as f32)
                 .collect();
             let mut rows = logits.clone();
             let mut inv = vec![0.0f32; n];
-            softmax_rows(&mut rows, &mut inv);
+            softmax_rows(&mut rows, &mut inv, scale);
             for r in 0..n {
                 let row = &logits[r * n..(r + 1) * n];
-                let z: f64 = row.iter().map(|&x| (x as f64).exp()).sum();
+                let z: f64 = row.iter().map(|&x| (x as f64 * scale as f64).exp()).sum();
                 for (c, &x) in row.iter().enumerate() {
                     let p = rows[r * n + c] as f64 * inv[r] as f64;
                     assert!(
-                        (p - (x as f64).exp() / z).abs() < 1e-6,
-                        "n {n} row {r} col {c}"
+                        (p - (x as f64 * scale as f64).exp() / z).abs() < 1e-6,
+                        "n {n} scale {scale} row {r} col {c}"
                     );
                 }
             }

@@ -23,6 +23,8 @@ pub mod packed;
 use burn::module::Param;
 use burn::nn::{LayerNorm, Linear};
 use burn::tensor::Tensor;
+use std::sync::Mutex;
+
 use rayon::prelude::*;
 
 use super::{BertConfig, BertModel};
@@ -77,6 +79,8 @@ pub struct HostBert {
     h: usize,
     heads: usize,
     intermediate: usize,
+    /// Buffer sets of earlier calls, reused by the next ones.
+    spare: Mutex<Vec<Buffers>>,
 }
 
 /// A parameter's values, row-major, read back from its device.
@@ -108,13 +112,51 @@ fn norm(layer_norm: &LayerNorm, eps: f64) -> Norm {
     }
 }
 
-/// Buffers of one pass, allocated once per batch instead of once per op.
+/// Buffers of one pass, allocated once per batch instead of once per op, and kept for the
+/// next batch while they are small (see [`RETAINED_FLOATS`]).
+#[derive(Default)]
 struct Buffers {
     hidden: Vec<f32>,
     qkv: Vec<f32>,
     context: Vec<f32>,
     attended: Vec<f32>,
     intermediate: Vec<f32>,
+}
+
+/// Buffers up to this many floats in all (32 MiB: about 2,000 tokens of MiniLM) go back to
+/// the pool after a call. Fresh buffers of a few MB are mmaps whose pages the kernel zeroes
+/// on first touch: ~5% of a one-passage call. Larger batches allocate per call, where that
+/// cost is small beside their compute, so that one rare large batch does not pin its
+/// memory for the life of the process.
+const RETAINED_FLOATS: usize = 8 << 20;
+
+/// At most this many buffer sets are kept: one per thread that calls at once (the
+/// service's batcher and the shadow).
+const RETAINED_SETS: usize = 2;
+
+impl Buffers {
+    /// Sized for `tokens`; every buffer is fully written before it is read in a pass, so
+    /// what a reused buffer held does not matter.
+    fn fit(&mut self, tokens: usize, h: usize, intermediate: usize) {
+        self.hidden.resize(tokens * h, 0.0);
+        self.qkv.resize(tokens * 3 * h, 0.0);
+        self.context.resize(tokens * h, 0.0);
+        self.attended.resize(tokens * h, 0.0);
+        self.intermediate.resize(tokens * intermediate, 0.0);
+    }
+
+    fn capacity(&self) -> usize {
+        [
+            &self.hidden,
+            &self.qkv,
+            &self.context,
+            &self.attended,
+            &self.intermediate,
+        ]
+        .iter()
+        .map(|v| v.capacity())
+        .sum()
+    }
 }
 
 impl HostBert {
@@ -144,6 +186,7 @@ impl HostBert {
             h: config.hidden_size,
             heads: config.num_attention_heads,
             intermediate: config.intermediate_size,
+            spare: Mutex::new(Vec::new()),
         }
     }
 
@@ -152,18 +195,26 @@ impl HostBert {
     /// table (the tokenizer truncates to `max_seq_length`, which is).
     pub fn embed(&self, batch: &Packed<'_>, normalize: bool) -> Vec<f32> {
         let (h, tokens) = (self.h, batch.ids.len());
-        let mut buf = Buffers {
-            hidden: vec![0.0; tokens * h],
-            qkv: vec![0.0; tokens * 3 * h],
-            context: vec![0.0; tokens * h],
-            attended: vec![0.0; tokens * h],
-            intermediate: vec![0.0; tokens * self.intermediate],
-        };
+        let mut buf = self.spare().pop().unwrap_or_default();
+        buf.fit(tokens, h, self.intermediate);
         self.embeddings(batch, &mut buf.hidden);
         for layer in &self.layers {
             self.layer(layer, batch.spans, &mut buf);
         }
-        pool(&buf.hidden, h, batch.spans, normalize)
+        let pooled = pool(&buf.hidden, h, batch.spans, normalize);
+        if buf.capacity() <= RETAINED_FLOATS {
+            let mut spare = self.spare();
+            if spare.len() < RETAINED_SETS {
+                spare.push(buf);
+            }
+        }
+        pooled
+    }
+
+    /// The spare buffer sets; a panic in another call cannot leave them inconsistent
+    /// (`fit` resizes whatever it gets), so a poisoned lock is taken as it is.
+    fn spare(&self) -> std::sync::MutexGuard<'_, Vec<Buffers>> {
+        self.spare.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// `hidden` `[tokens, h]` = LN(word + position + token type).
@@ -371,6 +422,51 @@ mod tests {
         for (k, (a, w)) in ours.iter().zip(&want).enumerate() {
             assert!((a - w).abs() < 2e-5, "value {k}: host {a} vs burn {w}");
         }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Buffers kept from a larger batch hold its values; the next, smaller batch must not
+    /// see them: its result equals a fresh model's, bit for bit.
+    #[test]
+    fn reused_buffers_do_not_leak_into_the_next_batch() {
+        let dir = std::env::temp_dir().join(format!("embedder_rs_reuse_{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (config, path) = tiny_model(&dir);
+        let device = Device::flex();
+        let model = BertModel::load(&WeightFile::open(&path).unwrap(), &config, &device).unwrap();
+        let (used, fresh) = (
+            HostBert::new(&model, &config),
+            HostBert::new(&model, &config),
+        );
+        let run = |host: &HostBert, texts: &[Vec<u32>]| {
+            let ids = texts.concat();
+            let mut spans = Vec::new();
+            let mut at = 0;
+            for t in texts {
+                spans.push((at, t.len()));
+                at += t.len();
+            }
+            let type_ids = vec![0u32; ids.len()];
+            host.embed(
+                &Packed {
+                    ids: &ids,
+                    type_ids: &type_ids,
+                    spans: &spans,
+                },
+                true,
+            )
+        };
+        let long: Vec<Vec<u32>> = (0..6)
+            .map(|s| {
+                (0..20)
+                    .map(|i| ((i * 11 + s * 5) % 49) as u32 + 1)
+                    .collect()
+            })
+            .collect();
+        let short = vec![vec![1, 7, 2], vec![1, 40, 41, 42, 2]];
+        run(&used, &long);
+        assert_eq!(used.spare().len(), 1, "the long batch's buffers are kept");
+        assert_eq!(run(&used, &short), run(&fresh, &short));
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -49,17 +49,9 @@ impl PackedLinear {
     pub fn new(weight: &[f32], bias: &[f32], d_in: usize, d_out: usize) -> Self {
         assert_eq!(weight.len(), d_in * d_out, "weight must be [d_in, d_out]");
         assert_eq!(bias.len(), d_out, "bias must be [d_out]");
-        let n_panels = d_out.div_ceil(NR);
-        let mut panels = vec![0.0f32; n_panels * d_in * NR];
-        for p in 0..n_panels {
-            let cols = NR.min(d_out - p * NR);
-            for k in 0..d_in {
-                let src = &weight[k * d_out + p * NR..k * d_out + p * NR + cols];
-                let at = (p * d_in + k) * NR;
-                panels[at..at + cols].copy_from_slice(src);
-            }
-        }
-        let mut padded = vec![0.0f32; n_panels * NR];
+        let mut panels = Vec::new();
+        pack_rows(weight, d_out, d_in, d_out, &mut panels);
+        let mut padded = vec![0.0f32; d_out.div_ceil(NR) * NR];
         padded[..d_out].copy_from_slice(bias);
         Self {
             d_in,
@@ -85,26 +77,22 @@ impl PackedLinear {
         let run = |task: usize| {
             let (chunk, panel) = (task / n_panels, task % n_panels);
             let rows = chunk * TASK_ROWS..(m).min((chunk + 1) * TASK_ROWS);
-            let cols = NR.min(self.d_out - panel * NR);
-            let b = &self.panels[panel * self.d_in * NR..(panel + 1) * self.d_in * NR];
-            let bias = &self.bias[panel * NR..(panel + 1) * NR];
-            let mut r = rows.start;
-            while r < rows.end {
-                let n = MR.min(rows.end - r);
-                let tile = Tile {
-                    x: &x[r * self.d_in..(r + n) * self.d_in],
-                    rows: n,
-                    k: self.d_in,
-                    panel: b,
-                    bias,
-                    // SAFETY: this task alone writes rows `rows`, columns of `panel`.
-                    out: unsafe { dst.at(r * self.d_out + panel * NR) },
-                    ldc: self.d_out,
-                    cols,
+            // SAFETY: this task alone writes rows `rows`, columns of `panel`, of `out`.
+            unsafe {
+                panel_rows(
+                    kernel,
+                    Operand {
+                        x,
+                        lda: self.d_in,
+                        k: self.d_in,
+                    },
+                    rows,
+                    &self.panels[panel * self.d_in * NR..(panel + 1) * self.d_in * NR],
+                    &self.bias[panel * NR..(panel + 1) * NR],
+                    (dst.at(panel * NR), self.d_out),
+                    NR.min(self.d_out - panel * NR),
                     epilogue,
-                };
-                kernel(&tile);
-                r += n;
+                )
             }
         };
         let tasks = 0..row_tasks * n_panels;
@@ -118,11 +106,133 @@ impl PackedLinear {
     }
 }
 
+/// Packs `B` `[k, n]`, whose row `kk` is `src[kk * stride..][..n]`, into `dst` as panels
+/// of [`NR`] columns, `[panels][k][NR]`, the last one zero-padded.
+pub fn pack_rows(src: &[f32], stride: usize, k: usize, n: usize, dst: &mut Vec<f32>) {
+    let n_panels = n.div_ceil(NR);
+    dst.clear();
+    dst.resize(n_panels * k * NR, 0.0);
+    for (p, panel) in dst.chunks_exact_mut(k * NR).enumerate() {
+        let cols = NR.min(n - p * NR);
+        for (kk, row) in panel.chunks_exact_mut(NR).enumerate() {
+            let from = kk * stride + p * NR;
+            row[..cols].copy_from_slice(&src[from..from + cols]);
+        }
+    }
+}
+
+/// Packs `B` `[k, n]` whose *column* `j` is `src[j * stride..][..k]` (a transposed operand,
+/// such as the keys in `Q @ K^T`) into `dst` as [`pack_rows`] does.
+pub fn pack_columns(src: &[f32], stride: usize, k: usize, n: usize, dst: &mut Vec<f32>) {
+    let n_panels = n.div_ceil(NR);
+    dst.clear();
+    dst.resize(n_panels * k * NR, 0.0);
+    for j in 0..n {
+        let (p, c) = (j / NR, j % NR);
+        let panel = &mut dst[p * k * NR..(p + 1) * k * NR];
+        for (kk, &v) in src[j * stride..j * stride + k].iter().enumerate() {
+            panel[kk * NR + c] = v;
+        }
+    }
+}
+
+/// `out[m, n] = x[m, k] @ B` on the calling thread, `B` packed by [`pack_rows`] or
+/// [`pack_columns`]; rows of `x` are `lda` apart, rows of `out` `ldc` apart.
+///
+/// # Safety
+/// `out` must be valid for writes of `m` rows, `ldc` apart, of `n` values each, and no
+/// other thread may touch them meanwhile.
+pub unsafe fn multiply(
+    a: Operand<'_>,
+    m: usize,
+    panels: &[f32],
+    n: usize,
+    out: *mut f32,
+    ldc: usize,
+) {
+    static ZERO: [f32; NR] = [0.0; NR];
+    let k = a.k;
+    assert!(
+        m == 0 || a.x.len() >= (m - 1) * a.lda + k,
+        "x must hold m rows of k values"
+    );
+    assert_eq!(
+        panels.len(),
+        n.div_ceil(NR) * k * NR,
+        "panels must be B [k, n] packed"
+    );
+    let kernel = kernel();
+    for (p, panel) in panels.chunks_exact(k * NR).enumerate() {
+        // SAFETY: the caller's contract covers every row and column written.
+        unsafe {
+            panel_rows(
+                kernel,
+                a,
+                0..m,
+                panel,
+                &ZERO,
+                (out.add(p * NR), ldc),
+                NR.min(n - p * NR),
+                Epilogue::Bias,
+            )
+        }
+    }
+}
+
+/// The left operand of a product: `x` holds rows of `k` values, `lda` apart.
+#[derive(Clone, Copy)]
+pub struct Operand<'a> {
+    pub x: &'a [f32],
+    pub lda: usize,
+    pub k: usize,
+}
+
+/// Rows `rows` of `a` against one packed panel, one register tile of up to [`MR`] rows at a
+/// time, into the `cols` columns at `out.0` (rows `out.1` apart; row 0 of `a` is row 0
+/// there).
+///
+/// # Safety
+/// `out` must be valid for writes of every row in `rows` (`cols` values each) and written
+/// by no other thread meanwhile.
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel_rows(
+    kernel: Kernel,
+    a: Operand<'_>,
+    rows: std::ops::Range<usize>,
+    panel: &[f32],
+    bias: &[f32],
+    out: (*mut f32, usize),
+    cols: usize,
+    epilogue: Epilogue,
+) {
+    let (base, ldc) = out;
+    let mut r = rows.start;
+    while r < rows.end {
+        let n = MR.min(rows.end - r);
+        kernel(&Tile {
+            x: &a.x[r * a.lda..],
+            rows: n,
+            k: a.k,
+            lda: a.lda,
+            panel,
+            bias,
+            // SAFETY: row r of the output lies inside what the caller vouched for.
+            out: unsafe { base.add(r * ldc) },
+            ldc,
+            cols,
+            epilogue,
+        });
+        r += n;
+    }
+}
+
 /// One register tile's inputs: `rows <= MR` rows of `x` against one packed panel.
 pub struct Tile<'a> {
     x: &'a [f32],
     rows: usize,
     k: usize,
+    /// Distance between rows of `x`.
+    lda: usize,
     panel: &'a [f32],
     bias: &'a [f32],
     out: *mut f32,
@@ -178,7 +288,7 @@ mod portable {
         let mut acc = [[0.0f32; NR]; MR];
         for (kk, b) in t.panel.chunks_exact(NR).take(t.k).enumerate() {
             for (r, row) in acc.iter_mut().enumerate().take(t.rows) {
-                let a = t.x[r * t.k + kk];
+                let a = t.x[r * t.lda + kk];
                 for (c, &w) in row.iter_mut().zip(b) {
                     *c += a * w;
                 }
@@ -226,12 +336,12 @@ mod avx2 {
         let col = half * 16;
         for kk in 0..t.k {
             // SAFETY: the panel holds k rows of NR floats; x holds t.rows rows of k floats
-            // and r0 + ROWS <= t.rows.
+            // `lda` apart and r0 + ROWS <= t.rows.
             unsafe {
                 let b0 = _mm256_loadu_ps(b.add(kk * NR + col));
                 let b1 = _mm256_loadu_ps(b.add(kk * NR + col + 8));
                 for (r, a) in c.iter_mut().enumerate() {
-                    let xr = _mm256_set1_ps(*x.add((r0 + r) * t.k + kk));
+                    let xr = _mm256_set1_ps(*x.add((r0 + r) * t.lda + kk));
                     a[0] = _mm256_fmadd_ps(xr, b0, a[0]);
                     a[1] = _mm256_fmadd_ps(xr, b1, a[1]);
                 }
@@ -294,12 +404,13 @@ mod avx512 {
         let mut acc = [[_mm512_setzero_ps(); 2]; ROWS];
         let (x, b) = (t.x.as_ptr(), t.panel.as_ptr());
         for kk in 0..t.k {
-            // SAFETY: the panel holds k rows of NR floats; x holds ROWS rows of k floats.
+            // SAFETY: the panel holds k rows of NR floats; x holds ROWS rows of k floats,
+            // `lda` apart.
             unsafe {
                 let b0 = _mm512_loadu_ps(b.add(kk * NR));
                 let b1 = _mm512_loadu_ps(b.add(kk * NR + 16));
                 for (r, a) in acc.iter_mut().enumerate() {
-                    let xr = _mm512_set1_ps(*x.add(r * t.k + kk));
+                    let xr = _mm512_set1_ps(*x.add(r * t.lda + kk));
                     a[0] = _mm512_fmadd_ps(xr, b0, a[0]);
                     a[1] = _mm512_fmadd_ps(xr, b1, a[1]);
                 }
@@ -398,6 +509,55 @@ mod tests {
         }
     }
 
+    /// `multiply` over strided operands: `B` packed from rows and from columns (its
+    /// transpose) gives the same product as the reference, ragged panels included.
+    #[test]
+    fn multiply_strided_operands() {
+        for &(m, k, n) in &[(1, 4, 3), (11, 64, 11), (70, 64, 70), (33, 250, 64)] {
+            let (lda, ldc) = (k + 5, n + 3);
+            let x = lcg(m * lda, 11);
+            let dense: Vec<f32> = (0..m)
+                .flat_map(|i| x[i * lda..i * lda + k].to_vec())
+                .collect();
+            let b = lcg(k * n, 12);
+            let want = reference(&dense, &b, &vec![0.0; n], m, k, n);
+            let bt: Vec<f32> = (0..n)
+                .flat_map(|j| (0..k).map(move |kk| (j, kk)))
+                .map(|(j, kk)| b[kk * n + j])
+                .collect();
+            let (mut rows, mut cols) = (Vec::new(), Vec::new());
+            pack_rows(&b, n, k, n, &mut rows);
+            pack_columns(&bt, k, k, n, &mut cols);
+            for panels in [&rows, &cols] {
+                let mut out = vec![f32::NAN; m * ldc];
+                // SAFETY: out holds m rows of ldc >= n values.
+                unsafe {
+                    multiply(
+                        Operand { x: &x, lda, k },
+                        m,
+                        panels,
+                        n,
+                        out.as_mut_ptr(),
+                        ldc,
+                    )
+                };
+                for i in 0..m {
+                    for j in 0..n {
+                        let (a, e) = (out[i * ldc + j], want[i * n + j]);
+                        assert!(
+                            (a - e).abs() < 1e-4,
+                            "{m}x{k}x{n} at ({i}, {j}): {a} vs {e}"
+                        );
+                    }
+                    assert!(
+                        out[i * ldc + n..(i + 1) * ldc].iter().all(|v| v.is_nan()),
+                        "only n columns written"
+                    );
+                }
+            }
+        }
+    }
+
     /// Each kernel this CPU can run gives the reference product, with GELU too.
     #[test]
     fn every_kernel_matches_the_reference() {
@@ -425,6 +585,7 @@ mod tests {
                             x: &x[r0 * d_in..(r0 + rows) * d_in],
                             rows,
                             k: d_in,
+                            lda: d_in,
                             panel: &packed.panels[p * d_in * NR..(p + 1) * d_in * NR],
                             bias: &packed.bias[p * NR..(p + 1) * NR],
                             out: out[r0 * d_out + p * NR..].as_mut_ptr(),
