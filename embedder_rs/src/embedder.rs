@@ -47,7 +47,7 @@ impl Default for EmbedderOptions {
 /// What runs the forward pass.
 enum Engine {
     /// Host kernels over packed weights (the CPU).
-    Host(HostBert),
+    Host(Box<HostBert>),
     /// burn's tensor ops on the device (wgpu).
     Burn(Box<BertModel>),
 }
@@ -140,7 +140,7 @@ impl Embedder {
         .map_err(|p| EmbedderError::Inference(panic_message(p.as_ref())))??;
         // On the CPU the burn parameters are packed for the host kernels and then dropped.
         let engine = match device.kind {
-            BackendKind::Cpu => Engine::Host(HostBert::new(&model, &config)),
+            BackendKind::Cpu => Engine::Host(Box::new(HostBert::new(&model, &config))),
             BackendKind::Wgpu => Engine::Burn(Box::new(model)),
         };
 

@@ -79,8 +79,8 @@ pub struct HostBert {
     h: usize,
     heads: usize,
     intermediate: usize,
-    /// Buffer sets of earlier calls, reused by the next ones.
-    spare: Mutex<Vec<Buffers>>,
+    /// The kept buffer set for batches of up to [`KEPT_TOKENS`]; `None` while a call uses it.
+    kept: Mutex<Option<Buffers>>,
 }
 
 /// A parameter's values, row-major, read back from its device.
@@ -112,8 +112,7 @@ fn norm(layer_norm: &LayerNorm, eps: f64) -> Norm {
     }
 }
 
-/// Buffers of one pass, allocated once per batch instead of once per op, and kept for the
-/// next batch while they are small (see [`RETAINED_FLOATS`]).
+/// Buffers of one pass, allocated once per batch instead of once per op.
 #[derive(Default)]
 struct Buffers {
     hidden: Vec<f32>,
@@ -123,39 +122,26 @@ struct Buffers {
     intermediate: Vec<f32>,
 }
 
-/// Buffers up to this many floats in all (32 MiB: about 2,000 tokens of MiniLM) go back to
-/// the pool after a call. Fresh buffers of a few MB are mmaps whose pages the kernel zeroes
-/// on first touch: ~5% of a one-passage call. Larger batches allocate per call, where that
-/// cost is small beside their compute, so that one rare large batch does not pin its
-/// memory for the life of the process.
-const RETAINED_FLOATS: usize = 8 << 20;
-
-/// At most this many buffer sets are kept: one per thread that calls at once (the
-/// service's batcher and the shadow).
-const RETAINED_SETS: usize = 2;
+/// Batches of up to this many tokens run in one buffer set that is allocated, and written
+/// once, at load (about 31 MB for MiniLM) and kept. Fresh buffers of a few MB are mmaps
+/// whose pages the kernel zeroes on first touch: ~5% of a one-passage call. Touching them
+/// at load puts the memory in the process's RSS from the start instead of at the first
+/// batch of some size (a long run's RSS stays flat after load). Larger batches, and a
+/// second caller at the same moment, allocate their own per call: there that cost is small
+/// beside the compute, and one rare large batch does not pin its memory for the life of the
+/// process.
+const KEPT_TOKENS: usize = 2048;
 
 impl Buffers {
     /// Sized for `tokens`; every buffer is fully written before it is read in a pass, so
-    /// what a reused buffer held does not matter.
+    /// what a reused buffer held does not matter. Within the capacity a kept set was made
+    /// with, nothing is allocated.
     fn fit(&mut self, tokens: usize, h: usize, intermediate: usize) {
         self.hidden.resize(tokens * h, 0.0);
         self.qkv.resize(tokens * 3 * h, 0.0);
         self.context.resize(tokens * h, 0.0);
         self.attended.resize(tokens * h, 0.0);
         self.intermediate.resize(tokens * intermediate, 0.0);
-    }
-
-    fn capacity(&self) -> usize {
-        [
-            &self.hidden,
-            &self.qkv,
-            &self.context,
-            &self.attended,
-            &self.intermediate,
-        ]
-        .iter()
-        .map(|v| v.capacity())
-        .sum()
     }
 }
 
@@ -177,6 +163,8 @@ impl HostBert {
                 norm: norm(&l.norm, eps),
             })
             .collect();
+        let mut kept = Buffers::default();
+        kept.fit(KEPT_TOKENS, config.hidden_size, config.intermediate_size);
         Self {
             word: host(&e.word.weight),
             position: host(&e.position.weight),
@@ -186,7 +174,7 @@ impl HostBert {
             h: config.hidden_size,
             heads: config.num_attention_heads,
             intermediate: config.intermediate_size,
-            spare: Mutex::new(Vec::new()),
+            kept: Mutex::new(Some(kept)),
         }
     }
 
@@ -195,26 +183,29 @@ impl HostBert {
     /// table (the tokenizer truncates to `max_seq_length`, which is).
     pub fn embed(&self, batch: &Packed<'_>, normalize: bool) -> Vec<f32> {
         let (h, tokens) = (self.h, batch.ids.len());
-        let mut buf = self.spare().pop().unwrap_or_default();
+        let kept = if tokens <= KEPT_TOKENS {
+            self.kept().take()
+        } else {
+            None
+        };
+        let is_kept = kept.is_some();
+        let mut buf = kept.unwrap_or_default();
         buf.fit(tokens, h, self.intermediate);
         self.embeddings(batch, &mut buf.hidden);
         for layer in &self.layers {
             self.layer(layer, batch.spans, &mut buf);
         }
         let pooled = pool(&buf.hidden, h, batch.spans, normalize);
-        if buf.capacity() <= RETAINED_FLOATS {
-            let mut spare = self.spare();
-            if spare.len() < RETAINED_SETS {
-                spare.push(buf);
-            }
+        if is_kept {
+            *self.kept() = Some(buf);
         }
         pooled
     }
 
-    /// The spare buffer sets; a panic in another call cannot leave them inconsistent
-    /// (`fit` resizes whatever it gets), so a poisoned lock is taken as it is.
-    fn spare(&self) -> std::sync::MutexGuard<'_, Vec<Buffers>> {
-        self.spare.lock().unwrap_or_else(|e| e.into_inner())
+    /// The kept buffer set; a panic in another call cannot leave it inconsistent (`fit`
+    /// resizes whatever it gets), so a poisoned lock is taken as it is.
+    fn kept(&self) -> std::sync::MutexGuard<'_, Option<Buffers>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// `hidden` `[tokens, h]` = LN(word + position + token type).
@@ -465,8 +456,22 @@ mod tests {
             .collect();
         let short = vec![vec![1, 7, 2], vec![1, 40, 41, 42, 2]];
         run(&used, &long);
-        assert_eq!(used.spare().len(), 1, "the long batch's buffers are kept");
+        assert!(used.kept().is_some(), "the kept set is back after a call");
         assert_eq!(run(&used, &short), run(&fresh, &short));
+        // over KEPT_TOKENS: a set of its own, and the kept one stays as it was
+        let many: Vec<Vec<u32>> = (0..KEPT_TOKENS / 20 + 5)
+            .map(|s| long[s % 6].clone())
+            .collect();
+        let out = run(&used, &many);
+        assert_eq!(out.len(), many.len() * config.hidden_size);
+        assert_eq!(
+            out[..long.len() * config.hidden_size],
+            run(&fresh, &long)[..]
+        );
+        assert_eq!(
+            used.kept().as_ref().map(|b| b.hidden.capacity()),
+            Some(KEPT_TOKENS * config.hidden_size)
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 }
