@@ -27,8 +27,10 @@ _READONLY_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM}
 
 def free_space(directory: Path) -> str:
     """'<free> free of <total>' for the filesystem of `directory`, or why it is unknown."""
+    # a directory that is not there yet (a snapshot's): its filesystem is its nearest parent's
+    existing = next((d for d in (directory, *directory.parents) if d.exists()), directory)
     try:
-        usage = shutil.disk_usage(directory)
+        usage = shutil.disk_usage(existing)
     except OSError as exc:
         return f"free space unknown: {exc.strerror or exc}"
     return f"{_size(usage.free)} free of {_size(usage.total)}"
@@ -44,14 +46,23 @@ def _size(n: float) -> str:
 
 WRITE = "nothing was written; reads still work"
 OPEN = "the store cannot be opened"
+SNAPSHOT = "no snapshot was left there (a partial one was removed); the collections still serve"
+DATA_DIR = "the data directory"
+# what to do once the space is back, by what the fault cost
+_AGAIN = {
+    WRITE: "and retry; no restart is needed",
+    OPEN: "and start again",
+    SNAPSHOT: "and retry, or snapshot to another directory",
+}
 
 
 def storage_error(
-    exc: BaseException | None, directory: Path, during: str = WRITE
+    exc: BaseException | None, directory: Path, during: str = WRITE, place: str = DATA_DIR
 ) -> RagplaneError | None:
     """The domain error for a storage fault under `directory` (full, read-only, damaged), or
     None when `exc` is not one.
-    `during` says what the fault cost (WRITE: a refused write; OPEN: the server cannot start)."""
+    `during` says what the fault cost (WRITE: a refused write; OPEN: the server cannot start;
+    SNAPSHOT: a snapshot that was given up); `place` names `directory` in the message."""
     full = readonly = False
     if isinstance(exc, sqlite3.Error):
         code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # the primary code of an extended one
@@ -63,27 +74,26 @@ def storage_error(
         full = exc.errno in _FULL_ERRNOS
         readonly = exc.errno in _READONLY_ERRNOS
     if full:
-        again = "and retry; no restart is needed" if during == WRITE else "and start again"
         return StorageFull(
-            f"the data directory {str(directory)!r} is full ({free_space(directory)}); "
-            f"{during}. Free space there (or grow the volume) {again}"
+            f"{place} {str(directory)!r} is full ({free_space(directory)}); "
+            f"{during}. Free space there (or grow the volume) {_AGAIN[during]}"
         )
     if readonly:
         return StorageReadOnly(
-            f"the data directory {str(directory)!r} is not writable ({exc}); {during}. "
+            f"{place} {str(directory)!r} is not writable ({exc}); {during}. "
             "Make it writable again (remount read-write, fix ownership) and retry"
         )
     return None
 
 
 @contextmanager
-def storage_errors(directory: Path, during: str = WRITE) -> Iterator[None]:
+def storage_errors(directory: Path, during: str = WRITE, place: str = DATA_DIR) -> Iterator[None]:
     """Re-raise a full or read-only filesystem under `directory` as StorageFull or
     StorageReadOnly; other errors pass through unchanged."""
     try:
         yield
     except (sqlite3.Error, OSError) as exc:
-        mapped = storage_error(exc, directory, during)
+        mapped = storage_error(exc, directory, during, place)
         if mapped is None:
             raise
         raise mapped from exc

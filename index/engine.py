@@ -329,10 +329,14 @@ class Engine:
 
     # ------------------------------------------------------------------ snapshot / restore
 
-    def snapshot(self, dest_dir: str | os.PathLike) -> int:
+    def snapshot(
+        self, dest_dir: str | os.PathLike, also: Callable[[Path], int] | None = None
+    ) -> int:
         """Write a consistent copy of the store and index checkpoints to `dest_dir` (which
-        must be empty or absent). Writes may continue meanwhile. Returns bytes written."""
-        return snapshots.snapshot(self._ctx, dest_dir)
+        must be empty or absent), then what `also` writes there (returning its bytes).
+        Writes may continue meanwhile. Returns bytes written. A full or read-only
+        destination raises StorageFull / StorageReadOnly; a failed snapshot is removed."""
+        return snapshots.snapshot(self._ctx, dest_dir, also)
 
     @staticmethod
     def restore(snapshot_dir: str | os.PathLike, data_dir: str | os.PathLike) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
-from core.errors import FailedPrecondition, InvalidArgument
+from core.errors import Corrupt, FailedPrecondition, InvalidArgument
 from core.sqlite import connect
+from core.storage import SNAPSHOT, storage_error
 from index import faiss_index as fx
-from index.checkpoints import checkpoint
+from index.checkpoints import checkpoint_or_log
 from index.context import Context, data_dir_lock
 from index.store import DB_NAME
 
@@ -21,30 +23,74 @@ def _fsync_file(path: Path) -> int:
         return os.fstat(f.fileno()).st_size
 
 
-def _prepare_dest(dest: Path) -> None:
+DEST = "the snapshot destination"
+
+
+def _prepare_dest(dest: Path) -> bool:
+    """Make `dest` ready for a snapshot; whether it was created here (else it was empty)."""
     if dest.exists() and not dest.is_dir():
-        raise InvalidArgument(f"snapshot target {dest.name!r} is a file; name a directory")
+        raise InvalidArgument(f"snapshot target {str(dest)!r} is a file; name a directory")
     if dest.exists() and any(dest.iterdir()):
-        raise InvalidArgument(f"snapshot directory {dest.name!r} is not empty; pick a new one")
+        raise InvalidArgument(f"snapshot directory {str(dest)!r} is not empty; pick a new one")
+    created = not dest.exists()
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # read-only, permission denied, a file on the path
-        raise FailedPrecondition(
-            f"cannot create snapshot directory {dest.name!r}: {e.strerror}"
+        raise storage_error(e, dest, SNAPSHOT, DEST) or FailedPrecondition(
+            f"cannot create snapshot directory {str(dest)!r}: {e.strerror}"
         ) from None
+    return created
 
 
-def snapshot(ctx: Context, dest_dir: str | os.PathLike) -> int:
+def _discard(dest: Path, created: bool) -> None:
+    """Remove a partial snapshot: `dest` as it was before, absent or empty."""
+    if created:
+        shutil.rmtree(dest, ignore_errors=True)
+        return
+    for p in dest.iterdir() if dest.is_dir() else ():
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def snapshot(
+    ctx: Context, dest_dir: str | os.PathLike, also: Callable[[Path], int] | None = None
+) -> int:
     """Write a consistent copy of the store and index checkpoints to `dest_dir` (which
-    must be empty or absent). Writes may continue meanwhile. Returns bytes written."""
+    must be empty or absent), then whatever `also` writes into it. Writes may continue
+    meanwhile. Returns bytes written.
+
+    A destination that fills up or is read-only raises StorageFull / StorageReadOnly naming
+    it and its free space; a failed snapshot of any kind is removed, and the collections
+    are untouched: they keep serving."""
     ctx.check_open()
     dest = Path(dest_dir)
-    _prepare_dest(dest)
+    created = _prepare_dest(dest)
+    try:
+        total = _write(ctx, dest)
+        return total + (also(dest) if also else 0)
+    except BaseException as exc:
+        _discard(dest, created)
+        if not isinstance(exc, (OSError, sqlite3.Error)):
+            raise
+        mapped = storage_error(exc, dest, SNAPSHOT, DEST)
+        if isinstance(mapped, Corrupt):  # the file it was copied from is damaged, not ours
+            mapped = storage_error(exc, ctx.dir)
+        if mapped is None:
+            raise
+        raise mapped from exc
+
+
+def _write(ctx: Context, dest: Path) -> int:
     total = 0
     # checkpoints first: each covers a seq the later database copy also covers, and seqs
-    # are never reused, so a restored index never holds a vector the store lacks
+    # are never reused, so a restored index never holds a vector the store lacks. One that
+    # cannot be written (a full data disk) leaves the last one, older but as safe: the
+    # restored index replays the rest from the store. That is when a snapshot to another
+    # volume is wanted most.
     for coll in ctx.all():
-        checkpoint(coll)
+        checkpoint_or_log(coll)
         with coll.ckpt_lock:
             if coll.dir.is_dir():
                 out = dest / "indexes" / coll.dir.name

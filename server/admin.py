@@ -103,8 +103,11 @@ class AdminOps:
     def snapshot(self, dest: str) -> int:
         if not dest:
             raise InvalidArgument("dir is empty; name a directory on the server's machine")
-        size = self.engine.snapshot(dest)
-        target = Path(dest) / "keys.db"
+        return self.engine.snapshot(dest, also=self._snapshot_keys)
+
+    def _snapshot_keys(self, dest: Path) -> int:
+        """The API keys into a snapshot: part of it, so a failure removes the whole."""
+        target = dest / "keys.db"
         src = sqlite3.connect(str(self.data_dir / "keys.db"))
         dst = sqlite3.connect(str(target))
         try:
@@ -112,7 +115,7 @@ class AdminOps:
         finally:
             src.close()
             dst.close()
-        return size + target.stat().st_size
+        return target.stat().st_size
 
     @staticmethod
     def restore(snapshot_dir: Path, data_dir: Path) -> None:

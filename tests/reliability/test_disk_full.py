@@ -1,5 +1,6 @@
 """A full or read-only data directory: writes are refused with a status a person can act on,
 reads keep working, nothing acknowledged is lost, and writes work again once space returns.
+The same for a snapshot's destination: refused clearly, the partial copy removed.
 
 The volume is a size-limited tmpfs the test mounts itself (root only; skipped otherwise).
 """
@@ -18,11 +19,11 @@ import pytest
 
 from core.errors import Corrupt, StorageFull, StorageReadOnly
 from core.storage import storage_error
-from ragplane.v1 import common_pb2, index_pb2, search_pb2
+from ragplane.v1 import admin_pb2, common_pb2, index_pb2, search_pb2
 from server.auth import KeyStore
 from server.shadow.evidence import EvidenceStore
 from server.shadow.experiment import Experiment, Observation
-from testkit.harness import SubprocessServer
+from testkit.harness import InProcessServer, SubprocessServer
 
 DIM = 256  # FAISS checkpoints as large as the rows: they run out of room first
 # Freed to give the volume room again: at least what the WAL grew to, since closing the store
@@ -110,6 +111,59 @@ def test_full_disk_refuses_writes_clearly_and_recovers_without_restart(volume):
         assert info.count == len(acked)
     finally:
         srv.stop()
+
+
+@pytest.mark.e2e
+def test_snapshot_to_a_full_or_read_only_destination_is_refused_and_removed(tmp_path):
+    full, ro = tmp_path / "full", tmp_path / "ro"
+    _mount(full, "1m")
+    _mount(ro, "1m", "ro")
+    srv = InProcessServer(tmp_path / "data", checkpoint_every=100)
+    try:
+        srv.stubs.index.CreateCollection(
+            index_pb2.CreateCollectionRequest(name="c", dim=DIM, metric=index_pb2.METRIC_IP)
+        )
+        acked = [i for k in range(0, 2000, 200) for i in _upsert(srv.stubs, k, 200)]
+
+        def refused(dest: Path) -> grpc.RpcError:
+            with pytest.raises(grpc.RpcError) as err:
+                srv.stubs.admin.Snapshot(admin_pb2.SnapshotRequest(dir=str(dest)), timeout=60)
+            return err.value
+
+        # a new directory on the full volume, then the (empty) volume itself
+        for dest in (full / "snap", full):
+            err = refused(dest)
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+            assert str(dest) in err.details() and "free of 1.0 MiB" in err.details()
+            assert "removed" in err.details()
+            assert float(dict(err.trailing_metadata())["retry-after"]) > 0
+            assert list(full.iterdir()) == []  # nothing partial left, not even the directory
+        for dest in (ro / "snap", ro):
+            err = refused(dest)
+            assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
+            assert str(dest) in err.details() and "not writable" in err.details()
+
+        q = search_pb2.SearchRequest(
+            collection="c", vector=common_pb2.Vector(values=[1.0] * DIM), top_k=10_000
+        )
+        assert {h.id for h in srv.stubs.search.Search(q).hits} == set(acked)
+        acked += _upsert(srv.stubs, len(acked), 20)  # the collection still takes writes
+        ok = srv.stubs.admin.Snapshot(admin_pb2.SnapshotRequest(dir=str(tmp_path / "ok")))
+        assert ok.bytes > 0
+    finally:
+        srv.stop()
+        for vol in (full, ro):
+            subprocess.run(["umount", "-l", str(vol)], check=False)
+    restored = tmp_path / "restored"
+    from server.admin import AdminOps
+
+    AdminOps.restore(tmp_path / "ok", restored)
+    again = InProcessServer(restored)
+    try:
+        got = again.stubs.index.Get(index_pb2.GetRequest(collection="c", ids=acked))
+        assert {it.id for it in got.items} == set(acked)
+    finally:
+        again.stop()
 
 
 def _fill_volume(vol: Path) -> None:
