@@ -41,6 +41,7 @@ from server.auth import DEFAULT_TENANT, SCOPES, KeyStore
 from server.collections import CollectionService
 from server.embedding import Embedder, load_embedder
 from server.embedding.service import EmbeddingService
+from server.embedding.warmup import largest_pass, warm_up
 from server.interceptors import ServerInterceptor
 from server.memory import MemoryService
 from server.metrics import Metrics
@@ -173,7 +174,30 @@ def _assemble(
         admin.shadow = shadow
         runtime.shadow = shadow
         stack.callback(shadow.close)
+    _warm_up(settings, embedder, shadow)
     return runtime
+
+
+def _warm_up(settings: Settings, canonical: Embedder, shadow: ShadowManager | None) -> None:
+    """Every embedder at the largest pass its batcher can form, on as many threads as run
+    it at once now. The canonical: its batcher, plus per shadow experiment the A/B/A timing
+    thread or, after a flip, the experiment's worker (never both). A shadow: its experiment's
+    worker or the timing thread, plus its batcher while it serves a case. A later flip adds
+    that batcher; embedder_rs returns its buffers after each call, so it keeps no peak."""
+    embedders = {canonical.identity: canonical}
+    at_once = {canonical.identity: 1}
+    for case in shadow.cases.values() if shadow is not None else ():
+        ident = case.shadow.identity
+        embedders.setdefault(ident, case.shadow)
+        at_once.setdefault(ident, 0)
+        if case.experiment is not None:
+            at_once[canonical.identity] += 1
+            at_once[ident] += 1
+        if case.serving == ident:
+            at_once[ident] += 1
+    texts = largest_pass(settings.batch_max_tokens, settings.max_seq_length)
+    for ident, e in embedders.items():
+        warm_up(e, texts=texts, parallel=max(1, at_once[ident]))
 
 
 def _open_engine(settings: Settings, data_dir: Path) -> Engine:

@@ -137,6 +137,11 @@ class OnnxEmbedder(Identified):
         self.model = path.name if path.name != "model" else "all-MiniLM-L6-v2"
         self.version = ort.__version__
 
+    @property
+    def largest_run(self) -> int:
+        """Most texts one ONNX Runtime run takes; `embed` cuts longer calls (warm-up)."""
+        return SUB_BATCH[self.device]
+
     def _probe_dim(self) -> int:
         return int(self._run(["x"]).shape[1])
 

@@ -18,6 +18,9 @@ from server.embedding.model_files import default_model_dir
 from server.embedding.tokens import TokenCounter
 
 log = logging.getLogger(__name__)
+# encode() sorts by length and cuts batches of this many: 32 keeps padding waste small
+# while a pass still amortises its overhead.
+ENCODE_BATCH = 32
 
 
 def resolve_device(device: str) -> str:
@@ -103,15 +106,19 @@ class SentenceTransformersEmbedder(Identified):
         """How the vectors are computed: encode-fp32, or the pipelined path's fp16/fp32."""
         return f"pipelined-{self._fast.precision}" if self._fast else "encode-fp32"
 
+    @property
+    def largest_run(self) -> int:
+        """Most texts one forward pass takes; a longer call is cut into passes (warm-up)."""
+        if self._fast is not None:
+            return max(1, self._fast.token_budget // self.max_seq_length)
+        return ENCODE_BATCH
 
     def embed(self, texts: Sequence[str], normalize: bool = True) -> np.ndarray:
         if self._fast is not None:
             return self._fast.encode(texts, normalize)
-        # encode() sorts by length and cuts batches of `batch_size`: 32 keeps padding waste
-        # small while a pass still amortises its overhead.
         vectors = self._model.encode(
             list(texts),
-            batch_size=32,
+            batch_size=ENCODE_BATCH,
             normalize_embeddings=normalize,
             convert_to_numpy=True,
             show_progress_bar=False,
