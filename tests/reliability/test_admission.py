@@ -182,6 +182,7 @@ def test_truncate_false_refuses_texts_over_max_seq_length(tmp_path):
 def test_expired_call_ends_deadline_exceeded_and_its_work_is_skipped(tmp_path):
     embedder = CountingEmbedder(delay_s=0.6)
     srv = InProcessServer(tmp_path / "data", embedder=embedder)
+    embedder.seen.clear()  # the warm-up's texts, embedded at start
     try:
         stub = srv.stubs.embed
         with ThreadPoolExecutor(1) as pool:
