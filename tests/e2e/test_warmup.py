@@ -24,9 +24,9 @@ policy = "manual"
 def test_canonical_and_shadow_warm_up_at_the_batchers_largest_pass(tmp_path):
     koder = tmp_path / "koder.toml"
     koder.write_text(KODER)
-    # the canonical runs on its batcher and for the shadow's A/B/A timing at once: the
-    # barrier holds each of its warm-up calls until the twin arrives. The shadow, serving
-    # nothing yet, runs on the experiment's worker alone.
+    # the canonical runs on its batcher and for the shadow's A/B/A timing at once: after a
+    # first call alone, the barrier holds each warm-up call until its twin arrives. The
+    # shadow, serving nothing yet, runs on the experiment's worker alone.
     canonical = Recording(meet=2, max_seq_length=64)
     shadow = Recording(max_seq_length=64, version="2")
     srv = InProcessServer(
@@ -38,7 +38,7 @@ def test_canonical_and_shadow_warm_up_at_the_batchers_largest_pass(tmp_path):
         batch_max_tokens=1024,
     )
     srv.stop()
-    assert [len(b) for b in canonical.batches] == [16, 16]  # 1024 tokens / 64 each
+    assert [len(b) for b in canonical.batches] == [16] * 3  # 1024 tokens / 64 each
     assert [len(b) for b in shadow.batches] == [16]
     for b in canonical.batches + shadow.batches:
         assert canonical.count_tokens(b) == [64] * 16

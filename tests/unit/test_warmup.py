@@ -13,20 +13,24 @@ from server.embedding.warmup import largest_pass, warm_up
 
 
 class Recording(FakeEmbedder):
-    """Records every batch it embeds; with `meet`, calls wait for each other there, so a
-    warm-up that ran them one after another breaks the barrier instead of passing."""
+    """Records every batch it embeds. With `meet`, the first call runs alone and the later
+    ones wait for each other, `meet` at a time: a warm-up that ran them one after another
+    breaks the barrier instead of passing."""
 
     def __init__(self, meet: int = 0, fail_from: int = 0, **kw) -> None:
         super().__init__(**kw)
         self.batches: list[list[str]] = []
         self._barrier = threading.Barrier(meet, timeout=30) if meet else None
         self._fail_from = fail_from
+        self._lock = threading.Lock()
 
     def embed(self, texts, normalize=True):
-        self.batches.append(list(texts))
+        with self._lock:
+            self.batches.append(list(texts))
+            first = len(self.batches) == 1
         if self._fail_from and len(texts) >= self._fail_from:
             raise MemoryError("cannot allocate 1.5 GiB")
-        if self._barrier is not None:
+        if self._barrier is not None and not first:
             self._barrier.wait()
         return super().embed(texts, normalize)
 
@@ -37,10 +41,10 @@ def test_largest_pass_fills_the_token_budget_with_max_length_texts():
     assert largest_pass(100, 256) == 1  # a budget below one text still runs one
 
 
-def test_warm_up_runs_the_largest_pass_on_parallel_threads():
+def test_warm_up_runs_the_largest_pass_alone_then_on_parallel_threads():
     e = Recording(meet=2, max_seq_length=64)
     warm_up(e, texts=16, parallel=2)
-    assert len(e.batches) == 2
+    assert len(e.batches) == 3  # one alone (ONNX Runtime plans the shape), then two at once
     for batch in e.batches:
         assert len(batch) == 16
         assert e.count_tokens(batch) == [64] * 16
@@ -74,5 +78,5 @@ def test_onnx_warm_up_runs_full_length_sub_batches(onnx_model, monkeypatch):
         return out
 
     monkeypatch.setattr(onnx_model, "_run", recording)
-    warm_up(onnx_model, texts=64)
-    assert shapes == [(16, 256)]  # ONNX Runtime's largest run, not four of them
+    warm_up(onnx_model, texts=64, parallel=2)
+    assert shapes == [(16, 256)] * 3  # its largest run, alone then two at once; not 4 each
