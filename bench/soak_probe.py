@@ -15,7 +15,10 @@ RSS beside what might have grown:
   hold. Each new high-water mark is logged with its time in `events`;
 - `rs_tokens_max`: the most tokens one embedder_rs call embedded;
 - `vectors` / `vectors_mb`: vectors in the FAISS indexes (data the load upserts);
-- `py_mb`: Python's own allocations (tracemalloc), with the top growth by line at the end.
+- `py_mb`: Python's own allocations (tracemalloc), with the top growth by line at the end;
+- `threads` / `rpc_threads` / `fds` / `sqlite_readers`: OS threads, the gRPC handler pool's
+  threads (started on demand, up to `workers`), open files, and the store's per-thread
+  read connections (each thread opens one the first time it reads: two files).
 
 Not in `make test`: it is a diagnostic, minutes long. Writes JSON to --json-out.
 """
@@ -180,6 +183,10 @@ def measure(args: argparse.Namespace) -> dict:
                 **_mallinfo(),
                 **watch.marks,
                 "vectors": _vectors(runtime),
+                "threads": proc.num_threads(),
+                "rpc_threads": sum(t.name.startswith("rpc") for t in threading.enumerate()),
+                "fds": proc.num_fds(),
+                "sqlite_readers": len(runtime.engine._ctx._conns),
             }
             row["vectors_mb"] = row["vectors"] * runtime.embedding.dim * 4 / 2**20
             if args.tracemalloc:
