@@ -59,8 +59,9 @@ SECTIONS = {
     "soak": (
         "9. Soak: 10 minutes of Locust mixed, real model, shadow on",
         "bench.soak",
-        "Goal: zero failed calls; after warm-up, RSS grows < 10% and open files and threads "
-        "do not grow. Sampled every 30 s. `make soak` (exit 1 when a goal is missed).",
+        "Goal: zero failed calls; after warm-up, the process's overhead (RSS less the vectors "
+        "it holds for the load) grows < 10% and open files and threads do not grow. Sampled "
+        "every 30 s. `make soak` (exit 1 when a goal is missed).",
     ),
     "hybrid": (
         "10. Dense vs lexical (BM25) vs hybrid search: quality and latency",
