@@ -183,7 +183,8 @@ def _warm_up(settings: Settings, canonical: Embedder, shadow: ShadowManager | No
     it at once now. The canonical: its batcher, plus per shadow experiment the A/B/A timing
     thread or, after a flip, the experiment's worker (never both). A shadow: its experiment's
     worker or the timing thread, plus its batcher while it serves a case. A later flip adds
-    that batcher; embedder_rs returns its buffers after each call, so it keeps no peak."""
+    that batcher; embedder_rs keeps one buffer set, written at load, and frees what larger
+    or concurrent calls allocate, so it keeps no later peak."""
     embedders = {canonical.identity: canonical}
     at_once = {canonical.identity: 1}
     for case in shadow.cases.values() if shadow is not None else ():
