@@ -11,8 +11,6 @@
 
 use std::cell::RefCell;
 
-use rayon::prelude::*;
-
 use super::super::simd::multiversion;
 use super::packed::{self, Operand};
 use super::SendPtr;
@@ -98,7 +96,7 @@ pub fn attention(qkv: &[f32], heads: usize, dh: usize, spans: &[(usize, usize)],
     if work < super::packed::SERIAL_FMAS {
         tasks.for_each(run);
     } else {
-        tasks.into_par_iter().with_max_len(1).for_each(run);
+        super::claim_tasks(tasks.len(), run);
     }
 }
 

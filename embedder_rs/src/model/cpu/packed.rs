@@ -10,8 +10,6 @@
 //! 16 accumulators, fed per step `k` by one broadcast of each row's `x[r, k]` and two
 //! vector loads from the panel. The bias (and GELU) are applied as the tile is stored.
 
-use rayon::prelude::*;
-
 use super::super::activation::gelu_scalar;
 use super::SendPtr;
 
@@ -99,9 +97,7 @@ impl PackedLinear {
         if m * self.d_in * self.d_out < SERIAL_FMAS {
             tasks.for_each(run);
         } else {
-            // one task per leaf: a worker that is preempted holds back one tile's rows,
-            // not a quarter of the product
-            tasks.into_par_iter().with_max_len(1).for_each(run);
+            super::claim_tasks(tasks.len(), run);
         }
     }
 }
