@@ -1,4 +1,4 @@
-"""The `ragplane` command: serve, config, admin (over gRPC), shadow, self-hosted.
+"""The `ragplane` command: serve, config, admin (over gRPC), ingest, shadow, self-hosted.
 
 Each module exports its own Typer app; this one only assembles them.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import typer
 
 from server.cli.admin import admin_app
+from server.cli.ingest import ingest
 from server.cli.local import config_app, serve
 from server.cli.shadow import self_hosted_app, shadow_app
 
@@ -19,6 +20,7 @@ app = typer.Typer(
 app.command()(serve)
 app.add_typer(config_app, name="config")
 app.add_typer(admin_app, name="admin")
+app.command()(ingest)
 app.add_typer(shadow_app, name="shadow")
 app.add_typer(self_hosted_app, name="self-hosted")
 

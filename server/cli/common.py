@@ -29,14 +29,20 @@ class Conn:
     timeout: float
     _channel: grpc.Channel | None = field(default=None, repr=False)
 
-    def stub(self) -> admin_pb2_grpc.AdminServiceStub:
+    def channel(self) -> grpc.Channel:
         if self._channel is None:
+            # room for a bulk write's batch of vectors (the server's default limit)
+            opts = [("grpc.max_send_message_length", 64 << 20),
+                    ("grpc.max_receive_message_length", 64 << 20)]
             if self.tls_ca:
                 creds = grpc.ssl_channel_credentials(Path(self.tls_ca).read_bytes())
-                self._channel = grpc.secure_channel(self.addr, creds)
+                self._channel = grpc.secure_channel(self.addr, creds, options=opts)
             else:
-                self._channel = grpc.insecure_channel(self.addr)
-        return admin_pb2_grpc.AdminServiceStub(self._channel)
+                self._channel = grpc.insecure_channel(self.addr, options=opts)
+        return self._channel
+
+    def stub(self) -> admin_pb2_grpc.AdminServiceStub:
+        return admin_pb2_grpc.AdminServiceStub(self.channel())
 
     def close(self) -> None:
         if self._channel is not None:
@@ -76,7 +82,7 @@ def conn_of(ctx: typer.Context) -> Conn:
 
 
 @contextlib.contextmanager
-def errors(conn: Conn) -> Iterator[None]:
+def errors(conn: Conn, scope: str = "admin") -> Iterator[None]:
     """Turn gRPC failures into one readable line and a non-zero exit."""
     try:
         yield
@@ -88,7 +94,7 @@ def errors(conn: Conn) -> Iterator[None]:
             grpc.StatusCode.DEADLINE_EXCEEDED: f"no answer from {conn.addr} within "
             f"{conn.timeout:.0f}s; retry with a larger --timeout",
             grpc.StatusCode.UNAUTHENTICATED: f"{exc.details()}; pass --key or set RAGPLANE_API_KEY",
-            grpc.StatusCode.PERMISSION_DENIED: f"{exc.details()}; use a key with the admin scope",
+            grpc.StatusCode.PERMISSION_DENIED: f"{exc.details()}; use a key with the {scope} scope",
         }.get(code, exc.details())
         err.print(f"[bold red]error[/] ({code.name}): {hint}")
         raise typer.Exit(1) from None
