@@ -297,7 +297,8 @@ class Engine:
 
         Searches and upserts keep working meanwhile; upserts that land during the build are
         added before the swap. With `reembed`, every item's text is re-embedded (the new
-        vectors replace the stored ones at the swap; the old ones are kept for rollback).
+        vectors replace the stored ones at the swap; the old ones are kept for rollback);
+        one with a `stream` method (`rebuild.BulkReembed`) is handed every batch at once.
         Raises FailedPrecondition, after a "refused" progress report, when the new
         generation's recall@10 against exact search is below `min_recall`; the old
         generation keeps serving. Blocking: call it from a worker thread.

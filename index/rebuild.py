@@ -9,9 +9,10 @@ re-embedded: the new vectors are staged in SQLite and replace the stored ones at
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -31,7 +32,20 @@ log = logging.getLogger(__name__)
 
 ADD_BATCH = 4096
 REEMBED_BATCH = 256
-Reembed = Callable[[list[str]], np.ndarray]
+Reembed = Callable[[list[str]], np.ndarray]  # or a BulkReembed
+
+
+class BulkReembed(Protocol):
+    """A re-embedder that takes a whole rebuild's texts at once (to spread them over a
+    cluster, say). `stream(batches)` yields one vector array per batch, in order; the few
+    rows written during the build are caught up through `__call__`. `where` says where it
+    runs, for the progress reports. A plain `Reembed` is called batch by batch."""
+
+    where: str
+
+    def __call__(self, texts: list[str]) -> np.ndarray: ...
+
+    def stream(self, batches: Iterable[list[str]]) -> Iterator[np.ndarray]: ...
 
 
 @dataclass(frozen=True)
@@ -134,25 +148,53 @@ def _embed(reembed: Reembed, texts: list[str], metric: Metric) -> np.ndarray:
     return embedded_vectors(out, len(texts), metric)
 
 
+def _embedded(reembed: Reembed, batches: Iterator[list[str]]) -> Iterator[Any]:
+    """What `reembed` returns for each batch: through its `stream` when it has one."""
+    stream = getattr(reembed, "stream", None)
+    outputs = iter(stream(batches) if stream is not None else map(reembed, batches))
+    while True:
+        try:
+            yield next(outputs)
+        except StopIteration:
+            return
+        except (TypeError, ValueError) as e:
+            raise FailedPrecondition(
+                f"re-embedding returned something that is not a vector array: {e}"
+            ) from None
+
+
 def _reembed_all(
     ctx: Context, coll: Coll, reembed: Reembed, gen: int, snap: int, prog: ProgressEmitter
 ) -> tuple[np.ndarray, np.ndarray]:
     """Re-embed every live row up to `snap`, staging the vectors; returns (seqs, vectors)."""
     conn = ctx.reader()
     prog.start("embedding", repo.count_live(conn, coll.id, snap))
+    pending: deque[np.ndarray] = deque()  # the seqs of each batch handed out, in order
+
+    def batches() -> Iterator[list[str]]:
+        for seqs, _, texts in repo.iter_vectors(conn, coll.id, coll.dim, 0, snap, text=True):
+            for lo in range(0, len(texts), REEMBED_BATCH):
+                pending.append(seqs[lo : lo + REEMBED_BATCH])
+                yield texts[lo : lo + REEMBED_BATCH]
+
     seq_parts, vec_parts, done = [], [], 0
-    for seqs, _, texts in repo.iter_vectors(conn, coll.id, coll.dim, 0, snap, text=True):
-        for lo in range(0, len(texts), REEMBED_BATCH):
-            vecs = _embed(reembed, texts[lo : lo + REEMBED_BATCH], coll.metric)
-            if vec_parts and vecs.shape[1] != vec_parts[0].shape[1]:
-                raise FailedPrecondition("re-embedding returned vectors of varying dimension")
-            s = seqs[lo : lo + REEMBED_BATCH]
-            with ctx.tx() as c:
-                repo.stage_vectors(c, coll.id, gen, s, vecs)
-            seq_parts.append(s)
-            vec_parts.append(vecs)
-            done += len(s)
-            prog.emit(done)
+    for out in _embedded(reembed, batches()):
+        if not pending:
+            raise FailedPrecondition("re-embedding returned more batches than it was given")
+        s = pending.popleft()
+        vecs = embedded_vectors(out, len(s), coll.metric)
+        if vec_parts and vecs.shape[1] != vec_parts[0].shape[1]:
+            raise FailedPrecondition("re-embedding returned vectors of varying dimension")
+        with ctx.tx() as c:
+            repo.stage_vectors(c, coll.id, gen, s, vecs)
+        seq_parts.append(s)
+        vec_parts.append(vecs)
+        done += len(s)
+        prog.emit(done, getattr(reembed, "where", ""))
+    if pending:
+        raise FailedPrecondition(
+            f"re-embedding returned no vectors for {sum(len(s) for s in pending)} texts"
+        )
     if not vec_parts:
         return np.zeros(0, dtype=np.int64), np.zeros((0, coll.dim), dtype=np.float32)
     return np.concatenate(seq_parts), np.concatenate(vec_parts)

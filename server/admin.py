@@ -9,6 +9,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from core.errors import FailedPrecondition, InvalidArgument
 from index import CollectionInfo, Engine, IndexParams, IndexType, RebuildProgress
@@ -41,6 +42,9 @@ class AdminOps:
         data_dir: Path,
         started_at: float,
         shadow=None,  # server.shadow.manager.ShadowManager, when pairs are declared
+        # (local embed, serving identity) -> a re-embedder that runs on a cluster
+        # (server.bulk.reembed), when the ray_address setting names one
+        cluster_reembed: Callable[[Callable[[list[str]], Any], str], Any] | None = None,
     ) -> None:
         self.engine = engine
         self.embedding = embedding
@@ -49,6 +53,7 @@ class AdminOps:
         self.data_dir = data_dir
         self.started_at = started_at
         self.shadow = shadow
+        self.cluster_reembed = cluster_reembed
 
     @staticmethod
     def _tenant() -> str:
@@ -80,6 +85,8 @@ class AdminOps:
             def embed_fn(texts: list[str]):  # noqa: E306 - closure over the serving embedder
                 return self.embedding.embed(texts).vectors
 
+            if self.cluster_reembed is not None:
+                embed_fn = self.cluster_reembed(embed_fn, serving.identity)
             log.info(
                 "rebuild of %s re-embeds with %s (was %s)", name, serving.identity, info.embedder
             )

@@ -98,6 +98,19 @@ def build_runtime(
         return runtime
 
 
+def _cluster_reembed(settings: Settings):
+    """Re-embedding on Ray when `ray_address` names a cluster (Ray loads only then)."""
+    if not settings.ray_address.strip():
+        return None
+    from server.bulk.reembed import factory
+
+    return factory(
+        settings.ray_address.strip(),
+        model_dir=settings.model_dir,
+        max_seq_length=settings.max_seq_length,
+    )
+
+
 def _assemble(
     stack: contextlib.ExitStack,
     settings: Settings,
@@ -153,7 +166,10 @@ def _assemble(
     memory.sweep()  # memories that expired while the server was down
     memory.start_sweeper(settings.memory_sweep_seconds)
     stack.callback(memory.close)
-    admin = AdminOps(engine, embedding, memory, keys, data_dir=data_dir, started_at=time.time())
+    admin = AdminOps(
+        engine, embedding, memory, keys, data_dir=data_dir, started_at=time.time(),
+        cluster_reembed=_cluster_reembed(settings),
+    )
     runtime = Runtime(
         settings, engine, embedding, collections, keys, memory, admin, metrics=metrics
     )

@@ -137,6 +137,13 @@ class Settings(BaseSettings):
         "table, slower), off. A damaged store stops the start with the way back.",
         default="quick",
     )
+    ray_address: str = _doc(
+        "Where a rebuild's re-embedding runs: empty = in this process; local = a Ray "
+        "instance started on this machine for the rebuild; auto = the Ray cluster this "
+        "machine belongs to; or a cluster address (host:port, ray://host:port). Every Ray "
+        "node needs ragplane and the same embedder version installed.",
+        default="",
+    )
     koder_toml: str = _doc(
         "The [self_hosted] declarations of shadow pairs, and beside it the release history "
         "G3 counts. auto = ./koder.toml, else the one of the project the package was "
@@ -240,6 +247,11 @@ class Settings(BaseSettings):
         if self.integrity_check not in ("quick", "full", "off"):
             raise InvalidArgument(
                 f"integrity_check {self.integrity_check!r} is unknown; use quick, full or off"
+            )
+        if any(c.isspace() for c in self.ray_address.strip()):
+            raise InvalidArgument(
+                f"ray_address {self.ray_address!r} is not valid; use local, auto or a cluster "
+                "address such as 10.0.0.5:6379 or ray://head:10001 (empty = no Ray)"
             )
         if self.max_seq_length <= 0 or self.batch_max_tokens < self.max_seq_length:
             raise InvalidArgument("batch_max_tokens must be at least max_seq_length (> 0)")

@@ -107,6 +107,8 @@ def _quiet_context() -> DataContext:
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = False  # the caller draws its own
     logging.getLogger("ray.data").setLevel(logging.WARNING)
+    # it warns that the bars are off, which is our choice, not the user's problem
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     ctx.target_max_block_size = max(ctx.target_max_block_size or 0, 1 << 20)
     return ctx
 

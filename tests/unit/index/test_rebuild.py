@@ -208,6 +208,50 @@ def test_reembed_with_bad_output_is_refused(engine):
     assert engine.describe(T, "c").generation == 1
 
 
+class _Bulk:
+    """A BulkReembed: takes every batch at once (as a cluster would), catches up singly."""
+
+    where = "on the test's cluster"
+
+    def __init__(self, embed, drop_last: bool = False) -> None:
+        self.embed, self.drop_last = embed, drop_last
+        self.streamed: list[int] = []
+        self.called: list[int] = []
+
+    def __call__(self, texts):
+        self.called.append(len(texts))
+        return self.embed(texts)
+
+    def stream(self, batches):
+        batches = list(batches)  # all of them before the first result
+        self.streamed = [len(b) for b in batches]
+        for b in batches[: -1 if self.drop_last else None]:
+            yield self.embed(b)
+
+
+def test_a_bulk_reembed_gets_every_batch_at_once_and_says_where_it_ran(engine):
+    dim = 8
+    _fill(engine, 600, dim)
+    bulk = _Bulk(_fake_embedder(dim, 3))
+    reports: list[RebuildProgress] = []
+    info = engine.rebuild(T, "c", reembed=bulk, embedder="new@3", progress=reports.append)
+    assert info.embedder == "new@3" and info.count == 600
+    assert bulk.streamed == [256, 256, 88] and bulk.called == []
+    emb = [p for p in reports if p.phase == "embedding" and p.done]
+    assert [p.done for p in emb] == [256, 512, 600]
+    assert all(p.message == "on the test's cluster" for p in emb)
+    (rec,) = engine.get(T, "c", ["id5"], include_vectors=True)
+    np.testing.assert_allclose(rec.vector, normalise(bulk.embed(["text 5"])[0]), rtol=1e-5)
+
+
+def test_a_bulk_reembed_that_loses_a_batch_is_refused(engine):
+    _fill(engine, 300, 8)
+    with pytest.raises(FailedPrecondition, match="no vectors for 44 texts"):
+        engine.rebuild(T, "c", reembed=_Bulk(_fake_embedder(8, 4), drop_last=True),
+                       embedder="x@1")
+    assert engine.describe(T, "c").generation == 1
+
+
 def test_ivf_pq_trains_at_rebuild_and_falls_back_to_flat(engine):
     engine.create_collection(
         T, "c", dim=16, metric=Metric.L2, index_type=IndexType.IVF_PQ, embedder="e"
