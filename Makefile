@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu tools serve test test-all lint protos protos-check bench loadtest loadtest-fake soak fuzz crash clean
+.PHONY: help install install-gpu tools serve test test-ray test-all lint protos protos-check bench loadtest loadtest-fake soak fuzz crash clean
 
 help: ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -54,6 +54,9 @@ lint: install ## ruff, the import-linter layer contracts and the size limits (ge
 test: install tools protos-check lint ## install everything and run every test (Python, Rust, Go)
 	VENV=$(VENV) bash scripts/run_tests.sh
 	VENV=$(VENV) bash scripts/test_clients.sh
+
+test-ray: install ## only the tests on a local Ray cluster (ingest, kill and re-run, rebuild); in `make test` too
+	SKIP_CARGO_TEST=1 VENV=$(VENV) bash scripts/run_tests.sh -m ray
 
 test-all: install tools ## also the slow tests
 	VENV=$(VENV) bash scripts/run_tests.sh -m "not gpu"
