@@ -1,6 +1,6 @@
 """`ragplane ingest`: load JSONL, CSV or Parquet files into a collection of a running
 server, embedding them here or on a Ray cluster (`server.bulk`), with a progress bar and a
-summary. The server stores; this command is one of its clients (the write scope)."""
+summary. The server stores; this command is one of its clients (read and write scopes)."""
 
 from __future__ import annotations
 
@@ -127,8 +127,8 @@ def ingest(
     addr: Annotated[str, typer.Option(envvar="RAGPLANE_ADDR", help="Server address.")] = (
         "127.0.0.1:50051"
     ),
-    key: Annotated[str, typer.Option(envvar="RAGPLANE_API_KEY", help="API key (write scope).",
-                                     show_default=False)] = "",
+    key: Annotated[str, typer.Option(envvar="RAGPLANE_API_KEY", show_default=False,
+                                     help="API key (read and write scopes).")] = "",
     tls_ca: Annotated[str, typer.Option(envvar="RAGPLANE_TLS_CA",
                                         help="CA bundle to verify a TLS server.")] = "",
     ray: Annotated[str, typer.Option(
@@ -158,7 +158,7 @@ def ingest(
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     conn = Conn(addr, key, tls_ca, timeout)
     try:
-        with errors(conn, scope="write"):
+        with errors(conn, scope="read and write"):
             options = Options(batch_rows=batch_size, on_bad_row=on_bad_row, forced_format=fmt,
                               ray="" if ray == "off" else ray, actors=actors)
             try:
