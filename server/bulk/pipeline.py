@@ -107,15 +107,17 @@ class Sink:
     def write(self, batch: dict[str, np.ndarray]) -> None:
         group: list[Record] = []
         where: list[tuple[str, int]] = []
+        ids: set[str] = set()
         for i in range(len(batch[rows.ID])):
             file, line = str(batch[rows.FILE][i]), int(batch[rows.LINE][i])
             if batch[rows.ERROR][i]:
                 self._bad(BadRow(file, line, str(batch[rows.ERROR][i])))
                 continue
             rid = str(batch[rows.ID][i])
-            if any(r.id == rid for r in group):  # the later row must land after it
+            if rid in ids:  # the later row must land after it
                 self._upsert(group, where)
-                group, where = [], []
+                group, where, ids = [], [], set()
+            ids.add(rid)
             group.append(Record(
                 id=rid, text=str(batch[rows.TEXT][i]),
                 vector=np.asarray(batch[VECTOR][i], dtype=np.float32),

@@ -27,7 +27,7 @@ import ray
 from ray.data import ActorPoolStrategy, DataContext
 from ray.data.datasource import FileBasedDatasource
 
-from core.errors import InvalidArgument
+from core.errors import InvalidArgument, Unavailable
 from server.bulk import rows
 from server.bulk.embed import VECTOR, EmbedBatch, EmbedderSpec
 
@@ -84,15 +84,27 @@ def session(target: str, *, object_store_mb: int = LOCAL_OBJECT_STORE_MB) -> Ite
             )
         else:
             options["address"] = target
-        try:
-            ray.init(**options)
-        except ConnectionError as exc:
-            raise InvalidArgument(f"cannot connect to Ray at {target}: {exc}") from None
+        _init(target, options)
     try:
         yield _cluster(target)
     finally:
         if started:
             ray.shutdown()
+
+
+def _init(target: str, options: dict[str, Any]) -> None:
+    # A local start waits a fixed 30 s for its raylet, which a loaded machine can miss:
+    # once more before giving up.
+    for attempt in range(2 if target == "local" else 1):
+        try:
+            ray.init(**options)
+            return
+        except ConnectionError as exc:
+            raise Unavailable(f"cannot connect to Ray at {target}: {exc}") from None
+        except Exception as exc:  # Ray raises a bare Exception for the timeout
+            ray.shutdown()
+            if attempt or "timed out during startup" not in str(exc):
+                raise Unavailable(f"Ray did not start ({target}): {exc}") from None
 
 
 def _cluster(target: str) -> Cluster:
