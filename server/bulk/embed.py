@@ -27,8 +27,9 @@ class EmbedderSpec:
     model_dir: str = ""  # empty = the bundled all-MiniLM-L6-v2
     device: str = "auto"
     max_seq_length: int = 256
-    # ONNX Runtime's intra-op threads; 0 = its default (one per physical core). Several
-    # actors on one node each take one, or they would fight over the cores.
+    # Intra-op threads of the model; 0 = the library's default. Ray sets OMP_NUM_THREADS
+    # to an actor's num_cpus (1), which ONNX Runtime and torch follow, so an actor is given
+    # its share of its node's cores explicitly (`raydata.pool`).
     threads: int = 0
 
     @property
@@ -53,6 +54,10 @@ class EmbedderSpec:
                 )
             except ValueError as exc:
                 raise FailedPrecondition(f"cannot load embedder {self.identity}: {exc}") from None
+            if self.threads and self.name == "sentence-transformers":
+                import torch
+
+                torch.set_num_threads(self.threads)
         if embedder.identity != self.identity:
             raise FailedPrecondition(
                 f"the vectors must come from {self.identity}, but this machine has "

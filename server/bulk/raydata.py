@@ -127,12 +127,14 @@ def _quiet_context() -> DataContext:
 
 def pool(cluster: Cluster, spec: EmbedderSpec, actors: int = 0) -> tuple[int, dict, EmbedderSpec]:
     """(actors, their resources, the spec they load): one per GPU where there are GPUs, else
-    one per CPU but one (left to read tasks), each single-threaded when they share nodes."""
+    one per CPU but one per node (left to read tasks). A CPU actor reserves one CPU, but
+    computes with its share of its node's cores: read tasks need little."""
     if cluster.gpus >= 1:
         n = actors or int(cluster.gpus)
         return n, {"num_cpus": 1, "num_gpus": 1}, replace(spec, device="cuda")
     n = actors or max(1, int(cluster.cpus) - cluster.nodes)
-    threads = 0 if n <= cluster.nodes else max(1, int(cluster.cpus) // n)
+    per_node = -(-n // max(1, cluster.nodes))
+    threads = max(1, int(cluster.cpus / max(1, cluster.nodes)) // per_node)
     return n, {"num_cpus": 1}, replace(spec, threads=threads, device="cpu")
 
 

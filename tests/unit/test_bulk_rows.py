@@ -198,3 +198,19 @@ def test_failing_mode_finds_every_bad_row_before_writing(tmp_path):
     assert [(b.line, b.reason.split(" (")[0]) for b in bad] == [
         (2, "no text"), (4, "id must be a string, got a number 1")
     ]
+
+
+def test_the_actor_pool_fits_the_cluster():
+    from server.bulk.embed import EmbedderSpec
+    from server.bulk.raydata import Cluster, pool
+
+    spec = EmbedderSpec("onnx@1")
+    # this machine: one actor on one CPU, computing on both cores (Ray would give it one
+    # thread through OMP_NUM_THREADS), the other CPU left to read tasks
+    assert pool(Cluster("local", 1, 2, 0), spec)[:2] == (1, {"num_cpus": 1})
+    assert pool(Cluster("local", 1, 2, 0), spec)[2].threads == 2
+    n, res, s = pool(Cluster("x", 4, 64, 0), spec)
+    assert (n, res, s.threads, s.device) == (60, {"num_cpus": 1}, 1, "cpu")
+    n, res, s = pool(Cluster("x", 2, 32, 2), spec)
+    assert (n, res, s.device) == (2, {"num_cpus": 1, "num_gpus": 1}, "cuda")
+    assert pool(Cluster("x", 1, 8, 0), spec, actors=2)[2].threads == 4
