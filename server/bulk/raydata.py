@@ -27,7 +27,8 @@ import ray
 from ray.data import ActorPoolStrategy, DataContext
 from ray.data.datasource import FileBasedDatasource
 
-from core.errors import InvalidArgument, Unavailable
+from core import errors
+from core.errors import InvalidArgument, RagplaneError, Unavailable
 from server.bulk import rows
 from server.bulk.embed import VECTOR, EmbedBatch, EmbedderSpec
 
@@ -185,7 +186,28 @@ def ingest_batches(
         RowsDatasource(files, forced_format=forced_format, chunk_rows=batch_rows)
     )
     ds = _embedded(ds, spec, cluster, batch_rows, actors)
-    yield from ds.iter_batches(batch_size=batch_rows, batch_format="numpy", prefetch_batches=2)
+    yield from _surfaced(
+        ds.iter_batches(batch_size=batch_rows, batch_format="numpy", prefetch_batches=2)
+    )
+
+
+def _surfaced(batches: Iterator[Any]) -> Iterator[Any]:
+    """`batches`, with our errors raised in a worker (a bad file, an embedder of another
+    version) raised here as themselves rather than wrapped in Ray's."""
+    try:
+        yield from batches
+    except ray.exceptions.RayError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, RagplaneError):
+            raise cause from None
+        # an actor whose constructor failed carries only the text; ours end it
+        for line in reversed(str(exc).splitlines()):
+            kind, _, message = line.partition(": ")
+            if kind.startswith("core.errors.") and message:
+                error = getattr(errors, kind.rpartition(".")[2], None)
+                if isinstance(error, type) and issubclass(error, RagplaneError):
+                    raise error(message) from None
+        raise Unavailable(f"the Ray pipeline failed: {str(exc).splitlines()[0]}") from exc
 
 
 def embed_texts(
@@ -206,7 +228,8 @@ def embed_texts(
     ds = _embedded(ray.data.from_arrow(tables), spec, cluster, batch_rows, actors)
     held: list[np.ndarray] = []
     count = 0
-    for out in ds.iter_batches(batch_size=batch_rows, batch_format="numpy", prefetch_batches=2):
+    batches = ds.iter_batches(batch_size=batch_rows, batch_format="numpy", prefetch_batches=2)
+    for out in _surfaced(batches):
         held.append(np.asarray(out[VECTOR], dtype=np.float32))
         count += len(held[-1])
         while sizes and count >= sizes[0]:

@@ -148,3 +148,22 @@ def test_rebuild_with_reembed_runs_its_embedding_on_ray(real):
     theirs = real.stubs.embed.Embed(embed_pb2.EmbedRequest(texts=texts)).vectors
     cos = [float(got[f"r{i}"][2] @ np.asarray(v.values)) for i, v in enumerate(theirs)]
     assert min(cos) >= 0.9999
+
+
+def test_a_ray_node_with_another_embedder_version_refuses_before_writing(real):
+    from core.errors import FailedPrecondition
+    from server.bulk.embed import EmbedderSpec
+    from server.bulk.pipeline import Options
+    from server.bulk.pipeline import ingest as run
+
+    written: list = []
+
+    class Writer:
+        def upsert(self, records) -> None:
+            written.extend(records)
+
+    with pytest.raises(FailedPrecondition, match=r"must come from onnx@0\.0\.0, but this "
+                       r"machine has onnx@"):
+        run([str(real.inputs / "a.jsonl")], EmbedderSpec("onnx@0.0.0"), Writer(),
+            Options(ray="local"))
+    assert written == []
