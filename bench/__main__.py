@@ -69,6 +69,11 @@ SECTIONS = {
         "Goals: hybrid beats dense and lexical on the mixed labelled set (recall@10, nDCG@10); "
         "hybrid p50 at most 1.5x dense p50 at 100,000 items.",
     ),
+    "ingest": (
+        "11. Bulk ingest: in-process vs Ray Data on one node, and the scaling model",
+        "bench.ingest",
+        "Goal: Ray / in-process >= 0.8x on one node (Ray's overhead). `python -m bench.ingest`.",
+    ),
 }
 # Only on request (`--only gpu`): on a machine without CUDA it would overwrite a measured
 # GPU section with "skipped".
