@@ -120,6 +120,8 @@ def _assemble(
 ) -> Runtime:
     data_dir = Path(settings.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
+    if embedder is None and settings.embed_backend == "ray_serve":
+        embedder = stack.enter_context(_ray_serve_embedder(settings))
     if embedder is None:
         try:
             embedder = load_embedder(
@@ -215,6 +217,32 @@ def _warm_up(settings: Settings, canonical: Embedder, shadow: ShadowManager | No
     texts = largest_pass(settings.batch_max_tokens, settings.max_seq_length)
     for ident, e in embedders.items():
         warm_up(e, texts=texts, parallel=max(1, at_once[ident]))
+
+
+def _ray_serve_embedder(settings: Settings):
+    """The canonical embedder as a Ray Serve deployment (Ray loads only for this backend).
+    Unreachable Ray or replicas that cannot start stop the start here, with the reason."""
+    from server.embedding.ray_serve import RayServeEmbedder, ReplicaSpec, ServeOptions
+
+    spec = ReplicaSpec(
+        settings.embedder,
+        model_dir=settings.model_dir,
+        device=settings.device,
+        max_seq_length=settings.max_seq_length,
+        half=settings.cuda_fp16,
+    )
+    options = ServeOptions(
+        address=settings.ray_address,
+        app=settings.ray_serve_app,
+        min_replicas=settings.ray_serve_min_replicas,
+        max_replicas=settings.ray_serve_max_replicas,
+        replica_cpus=settings.ray_serve_replica_cpus,
+        gpu=settings.ray_serve_gpu,
+    )
+    try:
+        return RayServeEmbedder(spec, options)
+    except (ValueError, OSError) as exc:
+        raise InvalidArgument(f"cannot load embedder {settings.embedder!r}: {exc}") from exc
 
 
 def _open_engine(settings: Settings, data_dir: Path) -> Engine:

@@ -101,6 +101,37 @@ class Settings(BaseSettings):
         "(the [gpu] extra) and sees a GPU; on refuses to start without one.",
         default="auto",
     )
+    embed_backend: str = _doc(
+        "Where the canonical embedder's forward passes run: in_process (this server) or "
+        "ray_serve (a Ray Serve deployment of the same embedder, on the Ray named by "
+        "ray_address; empty = a Ray instance the server starts on this machine and stops "
+        "at exit). The batcher, the shadow and the metrics work the same on both.",
+        default="in_process",
+    )
+    ray_serve_min_replicas: int = _doc(
+        "Fewest embedding replicas Ray Serve keeps (each loads the model once); 0 lets "
+        "it scale to zero when idle, at the price of a model load on the next request.",
+        default=1,
+    )
+    ray_serve_max_replicas: int = _doc(
+        "Most embedding replicas Ray Serve scales out to under load; one batcher pass is "
+        "split across up to this many at once.",
+        default=2,
+    )
+    ray_serve_replica_cpus: int = _doc(
+        "CPUs each replica reserves on Ray (and ONNX Runtime threads it runs on a CPU).",
+        default=1,
+    )
+    ray_serve_gpu: bool = _doc(
+        "One GPU per replica where the Ray cluster has GPUs (the canonical then runs on "
+        "CUDA); false keeps replicas on CPUs.",
+        default=True,
+    )
+    ray_serve_app: str = _doc(
+        "The Serve application name. The server deploys it at start and deletes it at "
+        "stop, so servers sharing a cluster need names of their own.",
+        default="ragplane-embedder",
+    )
     max_seq_length: int = _doc(
         "Tokens per text after truncation. 256 for all-MiniLM-L6-v2; the shipped "
         "tokenizer.json says 128, which silently degrades long texts.",
@@ -241,6 +272,18 @@ class Settings(BaseSettings):
             raise InvalidArgument(
                 f"embedder {self.embedder!r} is unknown; use auto, sentence-transformers, onnx, "
                 "embedder_rs or fake"
+            )
+        if self.embed_backend not in ("in_process", "ray_serve"):
+            raise InvalidArgument(
+                f"embed_backend {self.embed_backend!r} is unknown; use in_process or ray_serve"
+            )
+        if not 0 <= self.ray_serve_min_replicas <= self.ray_serve_max_replicas or (
+            self.ray_serve_max_replicas < 1 or self.ray_serve_replica_cpus < 1
+        ):
+            raise InvalidArgument(
+                "Ray Serve replicas: need 0 <= ray_serve_min_replicas <= "
+                "ray_serve_max_replicas, ray_serve_max_replicas >= 1 and "
+                "ray_serve_replica_cpus >= 1"
             )
         if self.faiss_gpu not in ("auto", "on", "off"):
             raise InvalidArgument(f"faiss_gpu {self.faiss_gpu!r} is unknown; use auto, on or off")
