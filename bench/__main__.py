@@ -74,6 +74,12 @@ SECTIONS = {
         "bench.ingest",
         "Goal: Ray / in-process >= 0.8x on one node (Ray's overhead). `python -m bench.ingest`.",
     ),
+    "ray_serve": (
+        "12. Embed with the canonical in-process vs on Ray Serve (one node)",
+        "bench.ray_serve",
+        "What Ray Serve costs on one machine, where it can only add work: the price of "
+        "`embed_backend = ray_serve` before it pays off on replicas across nodes and GPUs.",
+    ),
 }
 # Only on request (`--only gpu`): on a machine without CUDA it would overwrite a measured
 # GPU section with "skipped".
