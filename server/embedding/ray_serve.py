@@ -17,13 +17,13 @@ this backend is chosen.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
 import socket
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,7 @@ LOCAL_OBJECT_STORE_MB = 512
 _FORWARD_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "RAGPLANE_CACHE_DIR")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ReplicaSpec:
     """What each replica loads; small and picklable, it travels to the Ray workers."""
 
@@ -96,7 +96,7 @@ class EmbedderReplica:
         return self._embedder.embed(texts, normalize=normalize)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ServeOptions:
     """Where and how the deployment runs (the `ray_*` settings)."""
 
@@ -286,9 +286,10 @@ def _deploy(spec: ReplicaSpec, options: ServeOptions) -> tuple[Any, dict[str, An
     from ray import serve
 
     gpu = options.gpu and ray.cluster_resources().get("GPU", 0) >= 1
-    if not gpu and spec.device in ("auto", "cuda"):
-        # Without a GPU of its own a replica must not pick one up by chance.
-        spec = ReplicaSpec(**{**spec.__dict__, "device": "cpu", "threads": options.replica_cpus})
+    if not gpu:
+        # Without a GPU of its own a replica must not pick one up by chance, and it runs on
+        # as many threads as the CPUs it reserved.
+        spec = dataclasses.replace(spec, device="cpu", threads=options.replica_cpus)
     env = {k: os.environ[k] for k in _FORWARD_ENV if k in os.environ}
     deployment = serve.deployment(
         EmbedderReplica,
@@ -314,7 +315,24 @@ def _deploy(spec: ReplicaSpec, options: ServeOptions) -> tuple[Any, dict[str, An
         info = handle.describe.remote().result(timeout_s=RESULT_TIMEOUT_S)
     except (RuntimeError, ray.exceptions.RayError, TimeoutError) as exc:
         raise Unavailable(
-            f"the Ray Serve embedder ({options.app}) did not start: {exc}; the Ray logs "
-            "(session_latest/logs under Ray's temp dir) say why"
+            f"the Ray Serve embedder ({options.app}) did not start: "
+            f"{_why_not_started(options.app) or exc}; more in the Ray logs "
+            "(session_latest/logs under Ray's temp dir)"
         ) from exc
     return handle, info
+
+
+def _why_not_started(app: str) -> str:
+    """The last line of a failed replica's traceback (the replica's own error), which
+    serve.run's exception leaves out; empty when Serve does not say."""
+    from ray import serve
+
+    try:
+        status = serve.status().applications.get(app)
+    except Exception:  # the cluster may be what failed; the caller has serve.run's error
+        return ""
+    for deployment in status.deployments.values() if status else ():
+        lines = [line.strip() for line in (deployment.message or "").splitlines()]
+        if lines := [line for line in lines if line]:
+            return lines[-1]
+    return ""

@@ -7,7 +7,7 @@ and an unreachable Ray stops the start with a message. `make test-ray`."""
 from __future__ import annotations
 
 import logging
-import os
+import shutil
 import socket
 import threading
 
@@ -91,6 +91,28 @@ def served(tmp_path_factory, ray_cluster, st_model):
     srv.stop()
 
 
+def test_replicas_that_cannot_load_stop_the_start(tmp_path, ray_cluster):
+    """Runs before `served` takes the cluster's CPUs. Tokens count here, but replicas have
+    no weights: the start fails with the reason, and leaves no app behind."""
+    from ray import serve
+
+    from core.errors import Unavailable
+    from server.embedding.model_files import default_model_dir
+
+    broken = tmp_path / "model"
+    broken.mkdir()
+    shutil.copy(default_model_dir() / "tokenizer.json", broken)
+    with pytest.raises(Unavailable, match="did not start: .*has no model.safetensors"):
+        InProcessServer(
+            tmp_path / "data",
+            embedder_name="onnx",
+            model_dir=str(broken),
+            embed_backend="ray_serve",
+            ray_serve_app="broken",
+        )
+    assert "broken" not in serve.status().applications
+
+
 def vectors(reply) -> np.ndarray:
     return np.array([v.values for v in reply.vectors], dtype=np.float32)
 
@@ -165,20 +187,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_env() -> dict[str, str]:
-    """This process's environment without the Ray address the fixture's cluster set."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-
-
 def test_unreachable_ray_stops_the_start(tmp_path):
     address = f"127.0.0.1:{free_port()}"  # nothing listens there
     srv = SubprocessServer(
-        tmp_path / "data",
-        "--set",
-        "embed_backend=ray_serve",
-        "--set",
-        f"ray_address={address}",
-        env=server_env(),
+        tmp_path / "data", "--set", "embed_backend=ray_serve", "--set", f"ray_address={address}"
     )
     with pytest.raises(RuntimeError) as exc:
         srv.start(timeout=120)
@@ -188,7 +200,7 @@ def test_unreachable_ray_stops_the_start(tmp_path):
 
 def test_a_local_ray_it_started_stops_with_it(tmp_path):
     # the fake canonical keeps the replica cheap; what is tested is the Ray the server owns
-    srv = SubprocessServer(tmp_path / "data", "--set", "embed_backend=ray_serve", env=server_env())
+    srv = SubprocessServer(tmp_path / "data", "--set", "embed_backend=ray_serve")
     srv.start(timeout=300)
     try:
         r = srv.stubs.embed.Embed(embed_pb2.EmbedRequest(texts=["hello ray serve"]))
