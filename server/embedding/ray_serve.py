@@ -116,7 +116,12 @@ class RayServeEmbedder(Identified):
 
     def __init__(self, spec: ReplicaSpec, options: ServeOptions) -> None:
         import ray
+        from ray.serve.exceptions import RayServeException
 
+        # A lost cluster, a dead replica, a timeout: UNAVAILABLE. A replica's own error
+        # (RayTaskError) stays what it is.
+        self._ray_errors = (ray.exceptions.RayError, RayServeException, TimeoutError)
+        self._task_error = ray.exceptions.RayTaskError
         self.options = options
         self._counter = _token_counter(spec)
         self._started_ray = _connect(options.address)
@@ -133,10 +138,6 @@ class RayServeEmbedder(Identified):
         self.dim = info["dim"]
         self.max_seq_length = info["max_seq_length"]
         self.device = f"ray-serve:{info['device']}"
-        from ray.serve.exceptions import RayServeException
-
-        self._ray_errors = (ray.exceptions.RayError, RayServeException, TimeoutError)
-        self._task_error = ray.exceptions.RayTaskError
         log.info(
             "embedding on Ray Serve: app %s, %s on %s, %d-%d replicas",
             options.app,
@@ -161,7 +162,7 @@ class RayServeEmbedder(Identified):
                 out[c] = response.result(timeout_s=RESULT_TIMEOUT_S)
         except self._ray_errors as exc:
             if isinstance(exc, self._task_error):
-                raise  # the replica's own code failed: a bug, reported as such
+                raise
             raise Unavailable(
                 f"the Ray Serve embedder ({self.options.app}) did not answer: "
                 f"{type(exc).__name__}: {exc}; retry, and check the Ray cluster"

@@ -11,6 +11,7 @@ import shutil
 import socket
 import threading
 
+import grpc
 import numpy as np
 import psutil
 import pytest
@@ -111,6 +112,23 @@ def test_replicas_that_cannot_load_stop_the_start(tmp_path, ray_cluster):
             ray_serve_app="broken",
         )
     assert "broken" not in serve.status().applications
+
+
+def test_a_deployment_gone_is_unavailable_not_internal(tmp_path, ray_cluster):
+    from ray import serve
+
+    srv = InProcessServer(
+        tmp_path / "data", embed_backend="ray_serve", ray_serve_app="gone", ray_serve_max_replicas=1
+    )
+    try:
+        srv.stubs.embed.Embed(embed_pb2.EmbedRequest(texts=["a b"]))
+        serve.delete("gone")  # an operator, or a lost cluster
+        with pytest.raises(grpc.RpcError) as exc:
+            srv.stubs.embed.Embed(embed_pb2.EmbedRequest(texts=["a b"]))
+        assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "the Ray Serve embedder (gone) did not answer" in exc.value.details()
+    finally:
+        srv.stop()
 
 
 def vectors(reply) -> np.ndarray:
