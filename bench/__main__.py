@@ -77,8 +77,8 @@ SECTIONS = {
     "ray_serve": (
         "12. Embed with the canonical in-process vs on Ray Serve (one node)",
         "bench.ray_serve",
-        "What Ray Serve costs on one machine, where it can only add work: the price of "
-        "`embed_backend = ray_serve` before it pays off on replicas across nodes and GPUs.",
+        "What `embed_backend = ray_serve` nets out to on one machine (a round trip per "
+        "chunk, the model in single-threaded replicas), before replicas across nodes and GPUs.",
     ),
 }
 # Only on request (`--only gpu`): on a machine without CUDA it would overwrite a measured

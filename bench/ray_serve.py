@@ -1,8 +1,10 @@
 """Embed through the server with its canonical embedder in-process vs on Ray Serve
 (`embed_backend = ray_serve`, on a local Ray the server starts itself), on this machine.
 
-On one node Ray Serve can only add cost (a round trip and serialisation per chunk, the
-model in other processes); this says how much. The Ray server runs one replica per core
+On one node Ray Serve adds work (a round trip and serialisation per chunk) and moves the
+model into other processes, one single-threaded replica per core where the in-process
+server runs one ONNX Runtime session over every core; this measures what that nets out
+to on this machine, as it is loaded. The Ray server runs one replica per core
 (one CPU each, fixed, so autoscaling's warm-up is not measured). Both servers stay up and
 take turns, round by round, on the same texts, so load from elsewhere on the machine
 lands on both; the ratio of each round is the Ray rate over the in-process rate of that
