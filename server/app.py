@@ -39,6 +39,7 @@ from server.admin import AdminOps
 from server.admission import Admission, CountingExecutor
 from server.auth import DEFAULT_TENANT, SCOPES, KeyStore
 from server.collections import CollectionService
+from server.embedders import canonical, cluster_reembed
 from server.embedding import Embedder, load_embedder
 from server.embedding.service import EmbeddingService
 from server.embedding.warmup import largest_pass, warm_up
@@ -98,19 +99,6 @@ def build_runtime(
         return runtime
 
 
-def _cluster_reembed(settings: Settings):
-    """Re-embedding on Ray when `ray_address` names a cluster (Ray loads only then)."""
-    if not settings.ray_address.strip():
-        return None
-    from server.bulk.reembed import factory
-
-    return factory(
-        settings.ray_address.strip(),
-        model_dir=settings.model_dir,
-        max_seq_length=settings.max_seq_length,
-    )
-
-
 def _assemble(
     stack: contextlib.ExitStack,
     settings: Settings,
@@ -120,19 +108,8 @@ def _assemble(
 ) -> Runtime:
     data_dir = Path(settings.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    if embedder is None and settings.embed_backend == "ray_serve":
-        embedder = stack.enter_context(_ray_serve_embedder(settings))
     if embedder is None:
-        try:
-            embedder = load_embedder(
-                settings.embedder,
-                model_dir=settings.model_dir,
-                device=settings.device,
-                max_seq_length=settings.max_seq_length,
-                half=settings.cuda_fp16,
-            )
-        except (ValueError, OSError) as exc:
-            raise InvalidArgument(f"cannot load embedder {settings.embedder!r}: {exc}") from exc
+        embedder = canonical(stack, settings)
     koder_toml = discover_koder_toml(settings.koder_toml)
     pairs = load_pairs(koder_toml) if koder_toml else {}
     metrics = Metrics()
@@ -170,7 +147,7 @@ def _assemble(
     stack.callback(memory.close)
     admin = AdminOps(
         engine, embedding, memory, keys, data_dir=data_dir, started_at=time.time(),
-        cluster_reembed=_cluster_reembed(settings),
+        cluster_reembed=cluster_reembed(settings),
     )
     runtime = Runtime(
         settings, engine, embedding, collections, keys, memory, admin, metrics=metrics
@@ -217,32 +194,6 @@ def _warm_up(settings: Settings, canonical: Embedder, shadow: ShadowManager | No
     texts = largest_pass(settings.batch_max_tokens, settings.max_seq_length)
     for ident, e in embedders.items():
         warm_up(e, texts=texts, parallel=max(1, at_once[ident]))
-
-
-def _ray_serve_embedder(settings: Settings):
-    """The canonical embedder as a Ray Serve deployment (Ray loads only for this backend).
-    Unreachable Ray or replicas that cannot start stop the start here, with the reason."""
-    from server.embedding.ray_serve import RayServeEmbedder, ReplicaSpec, ServeOptions
-
-    spec = ReplicaSpec(
-        settings.embedder,
-        model_dir=settings.model_dir,
-        device=settings.device,
-        max_seq_length=settings.max_seq_length,
-        half=settings.cuda_fp16,
-    )
-    options = ServeOptions(
-        address=settings.ray_address,
-        app=settings.ray_serve_app,
-        min_replicas=settings.ray_serve_min_replicas,
-        max_replicas=settings.ray_serve_max_replicas,
-        replica_cpus=settings.ray_serve_replica_cpus,
-        gpu=settings.ray_serve_gpu,
-    )
-    try:
-        return RayServeEmbedder(spec, options)
-    except (ValueError, OSError) as exc:
-        raise InvalidArgument(f"cannot load embedder {settings.embedder!r}: {exc}") from exc
 
 
 def _open_engine(settings: Settings, data_dir: Path) -> Engine:

@@ -169,10 +169,11 @@ class Settings(BaseSettings):
         default="quick",
     )
     ray_address: str = _doc(
-        "Where a rebuild's re-embedding runs: empty = in this process; local = a Ray "
-        "instance started on this machine for the rebuild; auto = the Ray cluster this "
-        "machine belongs to; or a cluster address (host:port, ray://host:port). Every Ray "
-        "node needs ragplane and the same embedder version installed.",
+        "The Ray cluster for a rebuild's re-embedding and for embed_backend = ray_serve: "
+        "empty = none (rebuilds re-embed in this process; ray_serve starts a local Ray and "
+        "stops it at exit); local = a Ray instance started on this machine; auto = the Ray "
+        "cluster this machine belongs to; or a cluster address (host:port, ray://host:port). "
+        "Every Ray node needs ragplane and the same embedder version installed.",
         default="",
     )
     koder_toml: str = _doc(
