@@ -1,4 +1,4 @@
-"""The bulk pipeline on a Ray cluster (Ray Data): the one module of ragplane that imports Ray.
+"""The bulk pipeline on a Ray cluster (Ray Data): the one module of `server/bulk` that imports Ray.
 
 Reading runs as Ray Data read tasks (one per file, through `RowsDatasource`), embedding in
 a pool of actors that each load the canonical embedder once (`EmbedBatch`): one GPU each
@@ -94,9 +94,12 @@ def session(target: str, *, object_store_mb: int = LOCAL_OBJECT_STORE_MB) -> Ite
 
 
 def _init(target: str, options: dict[str, Any]) -> None:
-    # A local start waits a fixed 30 s for its raylet, which a loaded machine can miss:
-    # once more before giving up.
-    for attempt in range(2 if target == "local" else 1):
+    # A local start waits a fixed 30 s for its GCS and raylet, which a loaded machine, or the
+    # first start after an install (Ray's binaries not yet in the page cache: seen on a fresh
+    # clone, "Timed out waiting for file .../gcs_server_port_..."), can miss: once more
+    # before giving up.
+    attempts = 2 if target == "local" else 1
+    for attempt in range(1, attempts + 1):
         try:
             ray.init(**options)
             return
@@ -104,7 +107,7 @@ def _init(target: str, options: dict[str, Any]) -> None:
             raise Unavailable(f"cannot connect to Ray at {target}: {exc}") from None
         except Exception as exc:  # Ray raises a bare Exception for the timeout
             ray.shutdown()
-            if attempt or "timed out during startup" not in str(exc):
+            if attempt == attempts or "timed out" not in str(exc).lower():
                 raise Unavailable(f"Ray did not start ({target}): {exc}") from None
 
 
