@@ -27,7 +27,7 @@ class FakeRay:
     "message",
     [
         "The current node timed out during startup.",
-        "Timed out waiting for file /tmp/ray/session_x/gcs_server_port_abc",
+        "Timed out waiting for file session_x/gcs_server_port_abc",
     ],
 )
 def test_a_local_start_that_times_out_is_tried_once_more(monkeypatch, message):
