@@ -31,6 +31,7 @@ from core import errors
 from core.errors import InvalidArgument, RagplaneError, Unavailable
 from server.bulk import rows
 from server.bulk.embed import VECTOR, EmbedBatch, EmbedderSpec
+from server.ray_start import init_ray
 
 # A local instance's shared-memory store: enough for the pipeline's few batches in flight
 # (backpressure keeps it so), small enough for a container's /dev/shm.
@@ -94,21 +95,10 @@ def session(target: str, *, object_store_mb: int = LOCAL_OBJECT_STORE_MB) -> Ite
 
 
 def _init(target: str, options: dict[str, Any]) -> None:
-    # A local start waits a fixed 30 s for its GCS and raylet, which a loaded machine, or the
-    # first start after an install (Ray's binaries not yet in the page cache: seen on a fresh
-    # clone, "Timed out waiting for file .../gcs_server_port_..."), can miss: once more
-    # before giving up.
-    attempts = 2 if target == "local" else 1
-    for attempt in range(1, attempts + 1):
-        try:
-            ray.init(**options)
-            return
-        except ConnectionError as exc:
-            raise Unavailable(f"cannot connect to Ray at {target}: {exc}") from None
-        except Exception as exc:  # Ray raises a bare Exception for the timeout
-            ray.shutdown()
-            if attempt == attempts or "timed out" not in str(exc).lower():
-                raise Unavailable(f"Ray did not start ({target}): {exc}") from None
+    try:
+        init_ray(ray, target, **options)
+    except ConnectionError as exc:
+        raise Unavailable(f"cannot connect to Ray at {target}: {exc}") from None
 
 
 def _cluster(target: str) -> Cluster:

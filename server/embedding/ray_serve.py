@@ -30,6 +30,7 @@ import numpy as np
 
 from core.errors import Unavailable
 from server.embedding.base import Embedder, Identified, l2_normalize
+from server.ray_start import init_ray
 
 log = logging.getLogger(__name__)
 
@@ -246,18 +247,9 @@ def _connect(address: str) -> bool:
     # drains calls and then closes this embedder (and Ray), must stay the one that runs.
     sigterm = signal.getsignal(signal.SIGTERM)
     try:
-        # a local start can miss Ray's fixed 30 s wait for its GCS on a busy machine or the
-        # first start after an install: once more, as `ragplane ingest --ray local` does
-        for attempt in (1, 2):
-            try:
-                ray.init(address=address, **options)
-                break
-            except ConnectionError as exc:
-                raise Unavailable(_unreachable(address, str(exc))) from None
-            except Exception as exc:  # Ray raises a bare Exception for a start timeout
-                ray.shutdown()
-                if address != "local" or attempt == 2 or "timed out" not in str(exc).lower():
-                    raise Unavailable(f"Ray did not start ({address}): {exc}") from None
+        init_ray(ray, address, address=address, **options)
+    except ConnectionError as exc:
+        raise Unavailable(_unreachable(address, str(exc))) from None
     finally:
         if threading.current_thread() is threading.main_thread() and sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)
