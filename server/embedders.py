@@ -27,9 +27,9 @@ def cluster_reembed(settings: Settings):
 def canonical(stack: contextlib.ExitStack, settings: Settings) -> Embedder:
     """The canonical embedder: a Ray Serve deployment when `embed_backend` says so, else
     loaded in this process."""
-    if settings.embed_backend == "ray_serve":
-        return stack.enter_context(ray_serve_embedder(settings))
     try:
+        if settings.embed_backend == "ray_serve":
+            return stack.enter_context(ray_serve_embedder(settings))
         return load_embedder(
             settings.embedder,
             model_dir=settings.model_dir,
@@ -43,7 +43,7 @@ def canonical(stack: contextlib.ExitStack, settings: Settings) -> Embedder:
 
 def ray_serve_embedder(settings: Settings):
     """The canonical embedder as a Ray Serve deployment (Ray loads only for this backend).
-    Unreachable Ray or replicas that cannot start stop the start here, with the reason."""
+    Unreachable Ray or replicas that cannot start stop the start, with the reason."""
     from server.embedding.ray_serve import RayServeEmbedder, ReplicaSpec, ServeOptions
 
     spec = ReplicaSpec(
@@ -61,7 +61,4 @@ def ray_serve_embedder(settings: Settings):
         replica_cpus=settings.ray_serve_replica_cpus,
         gpu=settings.ray_serve_gpu,
     )
-    try:
-        return RayServeEmbedder(spec, options)
-    except (ValueError, OSError) as exc:
-        raise InvalidArgument(f"cannot load embedder {settings.embedder!r}: {exc}") from exc
+    return RayServeEmbedder(spec, options)
