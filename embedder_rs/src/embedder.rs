@@ -204,11 +204,9 @@ impl Embedder {
         }
         let model = match &self.engine {
             Engine::Host(host) => {
-                // The whole call runs on one of rayon's workers: each parallel op inside is
-                // then split among workers that are already awake, instead of the calling
-                // (Python) thread handing every op to the pool and sleeping until it is done,
-                // which at one short text was ~30% of the time in futex waits and wake-ups.
-                rayon::scope(|_| self.embed_host(host, texts, normalize, &mut out))?;
+                // On the calling thread, which leads the pass's parallel ops itself with
+                // rayon's workers as helpers (model::cpu::team); a short text never leaves it.
+                self.embed_host(host, texts, normalize, &mut out)?;
                 return Ok(out);
             }
             Engine::Burn(model) => model,

@@ -4,7 +4,7 @@
 //! padded key with a per-element branch and takes a scalar `exp` per score: about 30% of
 //! a forward pass once the matmuls were fast. Here the batch is *packed*: the sequences'
 //! tokens lie one after another with no padding at all, and each sequence is a span of
-//! rows. Each (sequence, head) is one rayon task that reads Q in place from the
+//! rows. Each (sequence, head) is one task that reads Q in place from the
 //! `[tokens, 3, heads, dh]` projection (rows `3 * heads * dh` apart), packs its K^T and V
 //! into panels for the linear layers' register tile, attends over exactly the sequence's
 //! tokens and runs a vectorised softmax.
@@ -89,7 +89,7 @@ pub fn attention(qkv: &[f32], heads: usize, dh: usize, spans: &[(usize, usize)],
             scale_rows(context, h, dh, &s.inv_sums);
         }
     };
-    // head_task calls nothing that re-enters rayon, so the borrow is never nested
+    // head_task claims no tasks itself, so the borrow is never nested
     let run = |task: usize| SCRATCH.with(|s| head_task(&mut s.borrow_mut(), task));
     let work: usize = spans.iter().map(|&(_, len)| len * len).sum::<usize>() * heads * dh * 2;
     let tasks = 0..spans.len() * heads;
@@ -262,11 +262,13 @@ mod tests {
     /// lengths: the padded batch is given as spans of its rows.
     #[test]
     fn matches_burn_attention_on_real_tokens() {
-        // small enough to run serially, then large enough to split across rayon's workers
+        // small enough to run serially, then large enough to split among a call's team
         check_against_burn(3, 11, 4, 8, &[11, 5, 1]);
         let work = (200 * 200 + 120 * 120) * 12 * 32 * 2;
         assert!(work >= crate::model::cpu::packed::SERIAL_FMAS);
-        check_against_burn(2, 200, 12, 32, &[200, 120]);
+        crate::model::cpu::team::with_team(true, || {
+            check_against_burn(2, 200, 12, 32, &[200, 120])
+        });
     }
 
     fn check_against_burn(b: usize, s: usize, heads: usize, dh: usize, lengths: &[usize]) {

@@ -19,19 +19,20 @@
 pub mod attention;
 pub mod norm;
 pub mod packed;
+pub(crate) mod team;
 
 use burn::module::Param;
 use burn::nn::{LayerNorm, Linear};
 use burn::tensor::Tensor;
 use std::sync::Mutex;
 
-use rayon::prelude::*;
-
 use super::{BertConfig, BertModel};
 use norm::{add_layer_norm, Norm};
 use packed::{Epilogue, PackedLinear};
+pub(crate) use team::claim_tasks;
+use team::with_team;
 
-/// A raw pointer that rayon tasks may share; each task writes a disjoint block.
+/// A raw pointer that a team's tasks may share; each task writes a disjoint block.
 #[derive(Clone, Copy)]
 pub(crate) struct SendPtr(pub(crate) *mut f32);
 // SAFETY: used only for writes to disjoint blocks (see each use).
@@ -44,68 +45,6 @@ impl SendPtr {
     pub(crate) unsafe fn at(self, offset: usize) -> *mut f32 {
         unsafe { self.0.add(offset) }
     }
-}
-
-/// Runs `run(0..tasks)` on the calling thread and rayon's other workers, each claiming the
-/// next task from a shared counter just before it runs it.
-///
-/// rayon's own parallel loops hand a stealing worker half of what is left; if the machine is
-/// busy and that worker is preempted before it splits its half, the caller finishes its own
-/// half and then waits out the preemption for the rest, once per op, dozens of times per
-/// call (measured on 2 busy cores: one 250-token passage took as long on 2 threads as on 1,
-/// and 8 passages 1.5x longer). Here a worker holds at most the one task it is running, and
-/// a worker that never gets a core takes nothing: the others drain the counter. ONNX
-/// Runtime's pool claims work the same way.
-pub(crate) fn claim_tasks(tasks: usize, run: impl Fn(usize) + Sync) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let next = AtomicUsize::new(0);
-    let drain = || loop {
-        let task = next.fetch_add(1, Ordering::Relaxed);
-        if task >= tasks {
-            break;
-        }
-        run(task);
-    };
-    let helpers = rayon::current_num_threads().min(tasks).saturating_sub(1);
-    rayon::scope(|s| {
-        for _ in 0..helpers {
-            s.spawn(|_| drain());
-        }
-        drain();
-    });
-}
-
-/// Runs `f` with rayon's other workers kept awake until it returns, taking each op's tasks
-/// as they appear (ONNX Runtime's pool spins the same way within a run). Left to rayon they
-/// fall asleep between ops and join each one late: one ~170-token passage on 2 threads ran
-/// at 82% parallel efficiency (ONNX Runtime 93%); kept awake, ~99%. Only for batches whose
-/// products split (`awake`); a short text runs on the calling thread alone.
-pub(crate) fn with_awake_workers(awake: bool, f: impl FnOnce() + Send) {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    if !awake {
-        return f();
-    }
-    /// Set on the way out however `f` ends, so that the spinners stop.
-    struct Done<'a>(&'a AtomicBool);
-    impl Drop for Done<'_> {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::Release);
-        }
-    }
-    let done = AtomicBool::new(false);
-    rayon::scope(|s| {
-        for _ in 1..rayon::current_num_threads() {
-            s.spawn(|_| {
-                while !done.load(Ordering::Acquire) {
-                    if rayon::yield_now() != Some(rayon::Yield::Executed) {
-                        std::hint::spin_loop();
-                    }
-                }
-            });
-        }
-        let _done = Done(&done);
-        f()
-    })
 }
 
 /// A batch of token sequences packed end to end.
@@ -255,13 +194,13 @@ impl HostBert {
         buf.fit(tokens, h, self.intermediate);
         // the QKV product of this batch is split across workers (see packed::SERIAL_FMAS)
         let splits = tokens * h * 3 * h >= packed::SERIAL_FMAS;
-        with_awake_workers(splits, || {
+        let pooled = with_team(splits, || {
             self.embeddings(batch, &mut buf.hidden);
             for layer in &self.layers {
                 self.layer(layer, batch.spans, &mut buf);
             }
+            pool(&buf.hidden, h, batch.spans, normalize)
         });
-        let pooled = pool(&buf.hidden, h, batch.spans, normalize);
         if is_kept {
             *self.kept() = Some(buf);
         }
@@ -278,7 +217,8 @@ impl HostBert {
     fn embeddings(&self, batch: &Packed<'_>, hidden: &mut [f32]) {
         let h = self.h;
         let dst = SendPtr(hidden.as_mut_ptr());
-        batch.spans.par_iter().for_each(|&(first, len)| {
+        claim_tasks(batch.spans.len(), |span| {
+            let (first, len) = batch.spans[span];
             // SAFETY: spans are disjoint rows of `hidden`.
             let rows = unsafe { std::slice::from_raw_parts_mut(dst.at(first * h), len * h) };
             for (p, row) in rows.chunks_exact_mut(h).enumerate() {
@@ -321,21 +261,23 @@ impl HostBert {
 /// (norm clamped at 1e-12, as `torch.nn.functional.normalize`) when `normalize`.
 fn pool(hidden: &[f32], h: usize, spans: &[(usize, usize)], normalize: bool) -> Vec<f32> {
     let mut out = vec![0.0f32; spans.len() * h];
-    out.par_chunks_mut(h)
-        .zip(spans)
-        .for_each(|(row, &(first, len))| {
-            for t in first..first + len {
-                row.iter_mut()
-                    .zip(&hidden[t * h..(t + 1) * h])
-                    .for_each(|(o, x)| *o += x);
-            }
-            let inv = 1.0 / (len as f32).max(1e-9);
-            row.iter_mut().for_each(|o| *o *= inv);
-            if normalize {
-                let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-                row.iter_mut().for_each(|o| *o /= norm);
-            }
-        });
+    let dst = SendPtr(out.as_mut_ptr());
+    claim_tasks(spans.len(), |span| {
+        let (first, len) = spans[span];
+        // SAFETY: each task writes its own row of `out`.
+        let row = unsafe { std::slice::from_raw_parts_mut(dst.at(span * h), h) };
+        for t in first..first + len {
+            row.iter_mut()
+                .zip(&hidden[t * h..(t + 1) * h])
+                .for_each(|(o, x)| *o += x);
+        }
+        let inv = 1.0 / (len as f32).max(1e-9);
+        row.iter_mut().for_each(|o| *o *= inv);
+        if normalize {
+            let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            row.iter_mut().for_each(|o| *o /= norm);
+        }
+    });
     out
 }
 

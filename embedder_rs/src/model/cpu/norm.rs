@@ -1,11 +1,10 @@
 //! LayerNorm on the CPU: the residual add fused into the normalisation, one pass to read
 //! a row and one to write it, vectorised at the CPU's widest width.
 
-use rayon::prelude::*;
-
 use super::super::simd::multiversion;
+use super::{claim_tasks, SendPtr};
 
-/// Rows per rayon task: enough work to amortise scheduling.
+/// Rows per task: enough work to amortise claiming it.
 const TASK_ROWS: usize = 16;
 
 /// A LayerNorm's parameters over width `h`.
@@ -66,7 +65,7 @@ fn norm_rows_body(rows: &mut [f32], residual: &[f32], norm: &Norm) {
 multiversion!(fn norm_rows(rows: &mut [f32], residual: &[f32], norm: &Norm), norm_rows_body);
 
 /// `x[r] = LN(x[r] + residual[r])` for every row of `x` (`[rows, h]`); with an empty
-/// `residual`, `x[r] = LN(x[r])`. Split across rayon's threads.
+/// `residual`, `x[r] = LN(x[r])`. Split among the call's team ([`super::team`]).
 pub fn add_layer_norm(x: &mut [f32], residual: &[f32], norm: &Norm) {
     let h = norm.gamma.len();
     assert_eq!(x.len() % h, 0, "x must be [rows, h]");
@@ -74,15 +73,19 @@ pub fn add_layer_norm(x: &mut [f32], residual: &[f32], norm: &Norm) {
         residual.is_empty() || residual.len() == x.len(),
         "residual must match x"
     );
-    let chunk = TASK_ROWS * h;
-    if residual.is_empty() {
-        x.par_chunks_mut(chunk)
-            .for_each(|rows| norm_rows(rows, &[], norm));
-    } else {
-        x.par_chunks_mut(chunk)
-            .zip(residual.par_chunks(chunk))
-            .for_each(|(rows, res)| norm_rows(rows, res, norm));
-    }
+    let (len, chunk) = (x.len(), TASK_ROWS * h);
+    let dst = SendPtr(x.as_mut_ptr());
+    claim_tasks(len.div_ceil(chunk), |task| {
+        let span = task * chunk..len.min((task + 1) * chunk);
+        let res = if residual.is_empty() {
+            &[][..]
+        } else {
+            &residual[span.clone()]
+        };
+        // SAFETY: each task normalises its own rows of `x`.
+        let rows = unsafe { std::slice::from_raw_parts_mut(dst.at(span.start), span.len()) };
+        norm_rows(rows, res, norm);
+    });
 }
 
 #[cfg(test)]
@@ -105,7 +108,8 @@ mod tests {
             eps: 1e-12,
         };
         let mut ours = x.clone();
-        add_layer_norm(&mut ours, &res, &norm);
+        // 40 rows: three tasks, shared with a team
+        super::super::team::with_team(true, || add_layer_norm(&mut ours, &res, &norm));
         for r in 0..rows {
             let v: Vec<f64> = (0..h)
                 .map(|c| (x[r * h + c] + res[r * h + c]) as f64)

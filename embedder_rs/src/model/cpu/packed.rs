@@ -20,7 +20,7 @@ pub const MR: usize = 8;
 /// Below this many multiply-adds (~0.2 ms on one core) a product runs on the calling
 /// thread: splitting it costs more in wake-ups and joins than it saves (one short text).
 pub const SERIAL_FMAS: usize = 16 << 20;
-/// Rows a rayon task covers: a panel is reused for this many rows while it is in cache.
+/// Rows a task covers: a panel is reused for this many rows while it is in cache.
 const TASK_ROWS: usize = 8 * MR;
 
 /// What is applied to each output element as the tile is stored.
@@ -59,7 +59,7 @@ impl PackedLinear {
         }
     }
 
-    /// `out[m, d_out] = epilogue(x[m, d_in] @ W + b)`, split across rayon's threads.
+    /// `out[m, d_out] = epilogue(x[m, d_in] @ W + b)`, split among the call's team.
     pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32], epilogue: Epilogue) {
         assert_eq!(x.len(), m * self.d_in, "x must be [m, d_in]");
         assert_eq!(out.len(), m * self.d_out, "out must be [m, d_out]");
@@ -480,7 +480,7 @@ mod tests {
             (9, 33, 70),
             (70, 64, 96),
             (130, 40, 33),
-            // over SERIAL_FMAS: split across rayon's workers
+            // over SERIAL_FMAS: split among a call's team
             (300, 256, 256),
         ] {
             assert!(
@@ -490,7 +490,7 @@ mod tests {
             let (x, w, b) = (lcg(m * d_in, 1), lcg(d_in * d_out, 2), lcg(d_out, 3));
             let packed = PackedLinear::new(&w, &b, d_in, d_out);
             let mut out = vec![f32::NAN; m * d_out];
-            packed.forward(&x, m, &mut out, Epilogue::Bias);
+            super::super::team::with_team(true, || packed.forward(&x, m, &mut out, Epilogue::Bias));
             let want = reference(&x, &w, &b, m, d_in, d_out);
             for (i, (a, e)) in out.iter().zip(&want).enumerate() {
                 assert!(
