@@ -175,6 +175,22 @@ def test_batch_equals_one_by_one(rust, corpus) -> None:
     assert _cosines(batch, single).min() >= 0.999999
 
 
+def test_concurrent_callers_get_what_each_gets_alone(rust, corpus) -> None:
+    """Each call's parallel ops are led by its own calling thread with rayon's workers as
+    helpers; callers at the same moment share the pool without mixing up their tasks: every
+    result is bit for bit what the same call gives alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    long_texts = [t for t in corpus if len(t) > 600]
+    calls = [long_texts[i : i + size] for i, size in zip(range(0, 48, 6), [1, 3, 6, 2] * 2)]
+    alone = [rust.embed(batch) for batch in calls]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for _ in range(3):
+            together = list(pool.map(rust.embed, calls))
+            for a, b in zip(alone, together):
+                assert np.array_equal(a, b)
+
+
 def test_unnormalized_matches_reference(rust, reference, corpus) -> None:
     texts = corpus[:16]
     ours = rust.embed(texts, normalize=False)
