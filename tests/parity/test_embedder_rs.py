@@ -182,12 +182,14 @@ def test_concurrent_callers_get_what_each_gets_alone(rust, corpus) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     long_texts = [t for t in corpus if len(t) > 600]
-    calls = [long_texts[i : i + size] for i, size in zip(range(0, 48, 6), [1, 3, 6, 2] * 2)]
+    calls = [
+        long_texts[i : i + size] for i, size in zip(range(0, 48, 6), [1, 3, 6, 2] * 2, strict=True)
+    ]
     alone = [rust.embed(batch) for batch in calls]
     with ThreadPoolExecutor(max_workers=4) as pool:
         for _ in range(3):
             together = list(pool.map(rust.embed, calls))
-            for a, b in zip(alone, together):
+            for a, b in zip(alone, together, strict=True):
                 assert np.array_equal(a, b)
 
 
