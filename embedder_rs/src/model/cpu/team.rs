@@ -57,7 +57,7 @@ thread_local! {
 }
 
 /// A spin-then-yield wait, until `done()`.
-fn wait_until(done: impl Fn() -> bool) {
+fn wait_until(mut done: impl FnMut() -> bool) {
     let mut spins = 0u32;
     while !done() {
         if spins < SPINS_BEFORE_YIELD {
@@ -85,19 +85,16 @@ impl Shared {
     /// A helper's life: join each op as it opens, until the call ends.
     fn help(&self) {
         let mut seen = 1;
-        let mut spins = 0u32;
-        while !self.stop.load(Ordering::Acquire) {
-            let epoch = self.epoch.load(Ordering::Acquire);
-            if epoch % 2 == 1 || epoch == seen {
-                if spins < SPINS_BEFORE_YIELD {
-                    spins += 1;
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-                continue;
+        loop {
+            // the next op this helper has not joined yet, or the end of the call
+            let mut epoch = seen;
+            wait_until(|| {
+                epoch = self.epoch.load(Ordering::Acquire);
+                (epoch % 2 == 0 && epoch != seen) || self.stop.load(Ordering::Acquire)
+            });
+            if self.stop.load(Ordering::Acquire) {
+                break;
             }
-            spins = 0;
             self.busy.fetch_add(1, Ordering::SeqCst);
             if self.epoch.load(Ordering::SeqCst) == epoch {
                 seen = epoch;
