@@ -370,6 +370,24 @@ mod tests {
         (config, path)
     }
 
+    /// Normalised embeddings of `texts` (token ids, segment 0), packed end to end.
+    fn embed_texts(host: &HostBert, texts: &[Vec<u32>]) -> Vec<f32> {
+        let ids = texts.concat();
+        let mut spans = Vec::new();
+        let mut at = 0;
+        for t in texts {
+            spans.push((at, t.len()));
+            at += t.len();
+        }
+        let type_ids = vec![0u32; ids.len()];
+        let packed = Packed {
+            ids: &ids,
+            type_ids: &type_ids,
+            spans: &spans,
+        };
+        host.embed(&packed, true)
+    }
+
     /// The host kernels on a packed batch give burn's padded forward pass, text by text.
     #[test]
     fn host_forward_matches_burn_forward() {
@@ -386,20 +404,7 @@ mod tests {
             (0..20).map(|i| (i * 7 % 49) as u32 + 1).collect(),
             vec![1, 30, 31, 2],
         ];
-        let ids: Vec<u32> = texts.concat();
-        let mut spans = Vec::new();
-        let mut at = 0;
-        for t in &texts {
-            spans.push((at, t.len()));
-            at += t.len();
-        }
-        let type_ids = vec![0u32; ids.len()];
-        let packed = Packed {
-            ids: &ids,
-            type_ids: &type_ids,
-            spans: &spans,
-        };
-        let ours = host.embed(&packed, true);
+        let ours = embed_texts(&host, &texts);
 
         let (b, s) = (texts.len(), texts.iter().map(Vec::len).max().unwrap());
         let mut padded = vec![0i64; b * s];
@@ -437,24 +442,6 @@ mod tests {
             HostBert::new(&model, &config),
             HostBert::new(&model, &config),
         );
-        let run = |host: &HostBert, texts: &[Vec<u32>]| {
-            let ids = texts.concat();
-            let mut spans = Vec::new();
-            let mut at = 0;
-            for t in texts {
-                spans.push((at, t.len()));
-                at += t.len();
-            }
-            let type_ids = vec![0u32; ids.len()];
-            host.embed(
-                &Packed {
-                    ids: &ids,
-                    type_ids: &type_ids,
-                    spans: &spans,
-                },
-                true,
-            )
-        };
         let long: Vec<Vec<u32>> = (0..6)
             .map(|s| {
                 (0..20)
@@ -463,18 +450,18 @@ mod tests {
             })
             .collect();
         let short = vec![vec![1, 7, 2], vec![1, 40, 41, 42, 2]];
-        run(&used, &long);
+        embed_texts(&used, &long);
         assert!(used.kept().is_some(), "the kept set is back after a call");
-        assert_eq!(run(&used, &short), run(&fresh, &short));
+        assert_eq!(embed_texts(&used, &short), embed_texts(&fresh, &short));
         // over KEPT_TOKENS: a set of its own, and the kept one stays as it was
         let many: Vec<Vec<u32>> = (0..KEPT_TOKENS / 20 + 5)
             .map(|s| long[s % 6].clone())
             .collect();
-        let out = run(&used, &many);
+        let out = embed_texts(&used, &many);
         assert_eq!(out.len(), many.len() * config.hidden_size);
         assert_eq!(
             out[..long.len() * config.hidden_size],
-            run(&fresh, &long)[..]
+            embed_texts(&fresh, &long)[..]
         );
         assert_eq!(
             used.kept().as_ref().map(|b| b.hidden.capacity()),
