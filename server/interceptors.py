@@ -63,8 +63,11 @@ def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> No
     else:
         message = str(exc)
     if isinstance(exc, errors.ResourceExhausted):
+        # set_trailing_metadata replaces the whole set: the request id that `start` put
+        # there goes in again, or the caller of a refused call would have none to quote.
         context.set_trailing_metadata(
             (
+                ("x-request-id", request_id.get()),
                 ("retry-after", f"{exc.retry_after:.3f}"),
                 ("grpc-retry-pushback-ms", str(int(exc.retry_after * 1000))),
             )

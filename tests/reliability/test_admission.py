@@ -1,8 +1,8 @@
 """Admission control, limits and deadlines.
 
 * Overload: many concurrent Embed calls against a slow embedder and a tiny queue are
-  answered RESOURCE_EXHAUSTED with a `retry-after` trailer, and the process's memory stays
-  bounded while far more data is offered than the bound.
+  answered RESOURCE_EXHAUSTED with a `retry-after` trailer beside the call's `x-request-id`,
+  and the process's memory stays bounded while far more data is offered than the bound.
 * Limits: texts per request, bytes per text, items per upsert and gRPC message size are
   each refused with a message that names the limit.
 * Deadlines: a call whose deadline passes while it waits in the queue ends
@@ -47,16 +47,27 @@ def _trailer(err: grpc.RpcError, key: str) -> str | None:
 
 
 def _burst(stub, texts, n):
-    """n concurrent Embed calls; returns (ok count, [RESOURCE_EXHAUSTED errors], others)."""
-    futures = [stub.Embed.future(embed_pb2.EmbedRequest(texts=texts), timeout=60) for _ in range(n)]
+    """n concurrent Embed calls, each with its own `x-request-id`; returns (ok count,
+    [RESOURCE_EXHAUSTED errors], others). Every refusal must carry its caller's request id
+    beside `retry-after` (the README's promise: the id comes back in the trailers)."""
+    futures = [
+        stub.Embed.future(
+            embed_pb2.EmbedRequest(texts=texts), timeout=60, metadata=[("x-request-id", f"b{i}")]
+        )
+        for i in range(n)
+    ]
     ok, exhausted, other = 0, [], []
-    for f in futures:
+    for i, f in enumerate(futures):
         try:
             r = f.result()
             assert len(r.vectors) == len(texts)
             ok += 1
         except grpc.RpcError as e:
-            (exhausted if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else other).append(e)
+            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                assert _trailer(e, "x-request-id") == f"b{i}", e.trailing_metadata()
+                exhausted.append(e)
+            else:
+                other.append(e)
     return ok, exhausted, other
 
 
