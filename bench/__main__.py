@@ -1,6 +1,11 @@
 """`python -m bench` (or `make bench`): run the side-by-side benchmarks in one go and write
-BENCHMARKS.md. Speeds are ratios measured in the same run on the same machine; absolute
-numbers depend on the machine (its line in the report says which)."""
+their measurements into BENCHMARKS.md. Speeds are ratios measured in the same run on the
+same machine; absolute numbers depend on the machine (its line in the report says which).
+
+Each section's measurements sit between its markers (bench.markdown); a run rewrites only
+those, so analysis written beside them survives every run. Broken markers stop a run
+before it measures anything; a section that fails is reported with its traceback and makes
+the exit code 1."""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ import platform
 import time
 import traceback
 from pathlib import Path
+
+from bench.markdown import replace_block
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -77,8 +84,8 @@ SECTIONS = {
     "ray_serve": (
         "12. Embed with the canonical in-process vs on Ray Serve (one node)",
         "bench.ray_serve",
-        "What `embed_backend = ray_serve` nets out to on one machine (a round trip per "
-        "chunk, the model in single-threaded replicas), before replicas across nodes and GPUs.",
+        "What Ray Serve costs on one machine, where it can only add work: the price of "
+        "`embed_backend = ray_serve` before it pays off on replicas across nodes and GPUs.",
     ),
 }
 # Only on request (`--only gpu`): on a machine without CUDA it would overwrite a measured
@@ -109,8 +116,9 @@ def main() -> int:
     args = p.parse_args()
     chosen = [s.strip() for s in args.only.split(",") if s.strip()]
     out = Path(args.out)
-    existing = _sections(out.read_text()) if out.exists() else {}
-    results = {}
+    for key in chosen:  # broken markers stop the run now, not after an hour of measuring
+        _place(_read(out), key, "")
+    results, failed = {}, []
     for key in chosen:
         title, module, goal = SECTIONS[key]
         print(f"== {title}", flush=True)
@@ -118,6 +126,7 @@ def main() -> int:
         try:
             res, md = importlib.import_module(module).run()
         except Exception:
+            failed.append(key)
             res, md = (
                 {"error": traceback.format_exc()},
                 ("Failed in this run:\n\n```\n" + traceback.format_exc()[-2000:] + "```"),
@@ -125,46 +134,45 @@ def main() -> int:
         took = time.perf_counter() - t0
         print(md, f"\n({took:.0f}s)\n", flush=True)
         results[key] = res
-        existing[key] = section(key, md, took)
-    write(out, existing)
+        write_section(out, key, md, took)  # each as it ends: a later crash keeps it
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2, default=str))
-    print(f"wrote {out}")
-    return 0
+    print(f"wrote {out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
 
 
 def section(key: str, md: str, took: float) -> str:
-    """Section `key` of BENCHMARKS.md: its title, goal, `md` and when and where."""
-    title, _, goal = SECTIONS[key]
+    """What a run writes between section `key`'s markers: its goal, `md`, and when and
+    where it was measured."""
+    _, _, goal = SECTIONS[key]
     stamp = time.strftime("%Y-%m-%d", time.gmtime())
-    return f"## {title}\n\n{goal}\n\n{md}\n\n_Measured {stamp} on {machine()}; {took:.0f} s._\n"
+    measured = f"_Measured {stamp} on {machine()}; {took:.0f} s._"
+    return "\n\n".join(part for part in (goal, md.strip("\n"), measured) if part)
 
 
-def write(out: Path, sections: dict[str, str]) -> None:
-    head = (
-        "# Benchmarks\n\nWritten by `python -m bench` (`make bench`). Every section "
-        "compares two things side by side in one run on one machine, so read the "
-        "ratios; absolute numbers move with the machine and its load.\n"
-    )
-    out.write_text(head + "\n" + "\n".join(sections[k] for k in SECTIONS if k in sections))
+HEAD = (
+    "# Benchmarks\n\nEvery section compares two things side by side in one run on one "
+    "machine, so read the ratios; absolute numbers move with the machine and its load.\n\n"
+    "Between a section's `<!-- bench:KEY:begin -->` and `<!-- bench:KEY:end -->` markers "
+    "(not shown when rendered) is what `python -m bench` (`make bench`) measured; the next "
+    "run rewrites it. Everything outside the markers is written by hand (analysis, earlier "
+    "measurements, models) and no run touches it.\n"
+)
 
 
 def write_section(out: Path, key: str, md: str, took: float) -> None:
-    """Replace (or add) one section of `out`, keeping the others."""
-    existing = _sections(out.read_text()) if out.exists() else {}
-    existing[key] = section(key, md, took)
-    write(out, existing)
+    """Replace section `key`'s measurements in `out` (adding the section if it has none),
+    leaving every other byte of the file as it was. Raises ValueError on broken markers."""
+    out.write_text(_place(_read(out), key, section(key, md, took)))
 
 
-def _sections(text: str) -> dict[str, str]:
-    """Keep sections of an earlier run that this run does not redo."""
-    found = {}
-    for key, (title, _, _) in SECTIONS.items():
-        start = text.find(f"## {title}")
-        if start >= 0:
-            end = text.find("\n## ", start + 1)
-            found[key] = text[start : end if end >= 0 else len(text)].rstrip() + "\n"
-    return found
+def _read(out: Path) -> str:
+    return out.read_text() if out.exists() else HEAD
+
+
+def _place(text: str, key: str, block: str) -> str:
+    keys = list(SECTIONS)
+    return replace_block(text, key, block, f"## {SECTIONS[key][0]}", keys[keys.index(key) + 1 :])
 
 
 if __name__ == "__main__":

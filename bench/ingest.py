@@ -1,5 +1,7 @@
 """11. Bulk ingest: the same pipeline in this process and on Ray Data (one node), and the
-server's upsert of precomputed vectors alone; from them, the scaling model for N nodes.
+server's upsert of precomputed vectors alone. The report holds only what this run measured;
+the scaling model for N nodes built on these rates (and on an assumed GPU rate) is written
+by hand in BENCHMARKS.md, outside the section's markers.
 
 `python -m bench.ingest` (prints; `--write` also updates BENCHMARKS.md) or
 `python -m bench --only ingest`. A real server (onnx) in a subprocess, a few thousand real
@@ -30,9 +32,6 @@ from testkit.texts import corpus  # noqa: E402
 
 N_ROWS = 2000
 BATCH = 256
-# Per-GPU embedding rate the model assumes: BENCHMARKS.md section 8's goal for the canonical
-# on an H200 at batch 256 (not measured in this section).
-GPU_PASSAGES_PER_S = 20_000
 
 
 @dataclass
@@ -56,8 +55,11 @@ def _ingest(conn, collection: str, path: Path, ray: str) -> Timed:
     marks: list[float] = []
     t0 = time.perf_counter()
     summary = ingest(
-        [str(path)], EmbedderSpec(info.embedder), GrpcWriter(conn, collection, info.embedder),
-        Options(batch_rows=BATCH, ray=ray), lambda s: marks.append(time.perf_counter()),
+        [str(path)],
+        EmbedderSpec(info.embedder),
+        GrpcWriter(conn, collection, info.embedder),
+        Options(batch_rows=BATCH, ray=ray),
+        lambda s: marks.append(time.perf_counter()),
     )
     end = time.perf_counter()
     return Timed(summary.read, end - t0, marks[0] - t0, summary.where)
@@ -82,16 +84,18 @@ def _upsert_only(conn, source: str, ids: list[str]) -> dict[int, float]:
     stub = index_pb2_grpc.IndexServiceStub(conn.channel())
     items = []
     for lo in range(0, len(ids), 1000):
-        items += stub.Get(index_pb2.GetRequest(
-            collection=source, ids=ids[lo:lo + 1000], include_vectors=True)).items
+        items += stub.Get(
+            index_pb2.GetRequest(collection=source, ids=ids[lo : lo + 1000], include_vectors=True)
+        ).items
     out = {}
     for writers in (1, 4):
         name = f"upsert-only-{writers}"
         stub.CreateCollection(index_pb2.CreateCollectionRequest(name=name))
-        batches = [items[lo:lo + BATCH] for lo in range(0, len(items), BATCH)]
+        batches = [items[lo : lo + BATCH] for lo in range(0, len(items), BATCH)]
         load = run_concurrent(
             lambda b, n=name: stub.Upsert(index_pb2.UpsertRequest(collection=n, items=b)),
-            batches, writers,
+            batches,
+            writers,
         )
         out[writers] = len(items) / load.seconds
     return out
@@ -121,10 +125,16 @@ def measure(n: int = N_ROWS) -> dict:
         conn.close()
         srv.stop()
     words = np.array([len(t.split()) for t in texts])
-    return {"rows": n, "mean_words": float(words.mean()), "embedder": identity,
-            "in_process": [_row(local1), _row(local2)], "ray_cold": _row(cold),
-            "ray_warm": _row(warm), "embed_only_rows_per_s": embed_rate,
-            "upsert_rows_per_s": upsert}
+    return {
+        "rows": n,
+        "mean_words": float(words.mean()),
+        "embedder": identity,
+        "in_process": [_row(local1), _row(local2)],
+        "ray_cold": _row(cold),
+        "ray_warm": _row(warm),
+        "embed_only_rows_per_s": embed_rate,
+        "upsert_rows_per_s": upsert,
+    }
 
 
 def _row(t: Timed) -> dict:
@@ -142,61 +152,37 @@ def report(r: dict) -> str:
     local, cold, warm = r["in_process"], r["ray_cold"], r["ray_warm"]
     base = float(np.mean([x["rate"] for x in local]))
     rows = [
-        [label, x["rows"], f"{x['seconds']:.1f}", f"{x['rate']:,.1f}", f"{x['first_write']:.1f}",
-         "" if x in local else f"{x['rate'] / base:.2f}x"]
-        for label, x in (("in-process (1st)", local[0]), ("Ray, started by the run", cold),
-                         ("Ray, already running", warm), ("in-process (2nd)", local[1]))
+        [
+            label,
+            x["rows"],
+            f"{x['seconds']:.1f}",
+            f"{x['rate']:,.1f}",
+            f"{x['first_write']:.1f}",
+            "" if x in local else f"{x['rate'] / base:.2f}x",
+        ]
+        for label, x in (
+            ("in-process (1st)", local[0]),
+            ("Ray, started by the run", cold),
+            ("Ray, already running", warm),
+            ("in-process (2nd)", local[1]),
+        )
     ]
     u1, u4 = r["upsert_rows_per_s"]["1"], r["upsert_rows_per_s"]["4"]
     spread = abs(local[0]["rate"] - local[1]["rate"]) / base
-    md = table(["run", "rows", "wall s", "rows/s", "s to first write",
-                "Ray / in-process (goal >= 0.8x)"], rows)
-    md += (
+    md = table(
+        ["run", "rows", "wall s", "rows/s", "s to first write", "Ray / in-process (goal >= 0.8x)"],
+        rows,
+    )
+    return md + (
         f"\n\n{r['rows']:,} real passages (testkit corpus, mean {r['mean_words']:.0f} words), "
         f"{r['embedder']}, batches of {BATCH}, end to end (start-up included). Ray ran on "
-        f"{warm['where']}. The two in-process runs differ by {spread:.0%}: the 2 cores are "
-        "shared, so read the ratios against that spread.\n\n"
-        f"Ray started by the run (`--ray local`) took "
-        f"{cold['first_write'] - warm['first_write']:.0f} s more to its first write than Ray "
-        "already running (where each run still starts its actor and loads the model): a fixed "
-        "cost per run, which a cluster already up (`--ray auto`, an address) does not pay.\n\n"
+        f"{warm['where']}. The two in-process runs differ by {spread:.0%}.\n\n"
+        f"First write: Ray started by the run (`--ray local`) "
+        f"{cold['first_write'] - warm['first_write']:.0f} s later than Ray already running.\n\n"
         f"Alone, in this process: the embedding stage without writes "
         f"{r['embed_only_rows_per_s']:,.1f} rows/s (in-process ingest {base:,.1f}). The "
         f"server's Upsert of precomputed vectors: {u1:,.0f} rows/s from one writer (the "
-        f"ingest's driver), {u4:,.0f} rows/s from four (one SQLite writer: WAL, "
-        "synchronous=FULL, FTS5)."
-    )
-    return md + "\n\n" + scaling(warm["rate"], u1, u4)
-
-
-def scaling(embed_cpu: float, u1: float, u4: float) -> str:
-    """The model for N nodes: throughput = min(N x per-node embedding, the upsert bound)."""
-    rows = []
-    for nodes in (1, 2, 4, 8, 16):
-        cpu, gpu = nodes * embed_cpu, nodes * GPU_PASSAGES_PER_S
-        rows.append([nodes, f"{cpu:,.0f}", f"{min(cpu, u1):,.0f}",
-                     f"{gpu:,.0f}", f"{min(gpu, u1):,.0f}"])
-    cpu_nodes = u1 / embed_cpu
-    return (
-        "Scaling model (on paper, from the rates above): an ingest writes through one driver "
-        "and one server, so rows/s = min(N x per-node embedding, the server's upsert rate); "
-        "gRPC to the server is part of the measured upsert rate, and a CPU node embeds at "
-        "the rate of the Ray run above (already running; this machine's 2 shared cores). "
-        "The GPU rate is assumed: section 8's goal for the canonical on an H200, not measured "
-        "here.\n\n"
-        + table(["nodes", f"CPU nodes ({embed_cpu:,.0f}/s each)", "CPU: ingest rows/s",
-                 f"1-GPU nodes ({GPU_PASSAGES_PER_S:,}/s each)", "GPU: ingest rows/s"],
-                rows)
-        + f"\n\nWith 2-core CPU nodes, embedding bounds the ingest up to about {cpu_nodes:.0f} "
-        f"nodes; one GPU node already embeds faster than one server can write "
-        f"({u1:,.0f} rows/s from one writer), so past it the SQLite writer of the one server "
-        "is the bound. " + (
-            f"More writer threads in the driver would raise it to the four-writer rate "
-            f"({u4:,.0f} rows/s); past that, " if u4 > 1.1 * u1 else
-            f"More writers do not raise it ({u4:,.0f} rows/s from four: SQLite takes one "
-            "write transaction at a time), so "
-        ) + "collections sharded over several servers, each with its own SQLite, are the way "
-        "on (ARCHITECTURE.md, Past one machine)."
+        f"ingest's driver), {u4:,.0f} rows/s from four."
     )
 
 
