@@ -160,5 +160,11 @@ class AdminOps:
     def unflip(self, use_case: str) -> CaseStatus:
         return self._need_shadow().unflip(use_case)
 
+    def record_release(self, use_case: str):
+        """(the recorded entry, whether it replaced one, the history file written)."""
+        shadow = self._need_shadow()
+        rec, replaced = shadow.record_release(use_case)
+        return rec, replaced, str(shadow.history.path)
+
 
 __all__ = ["AdminOps", "Status"]

@@ -34,7 +34,8 @@ from index.types import (
 from ragplane.v1 import admin_pb2, common_pb2, index_pb2, memory_pb2, search_pb2
 from server.auth import KeyInfo
 from server.memory import Memory
-from server.shadow.types import CaseStatus, ReleaseEvidence
+from server.shadow.releases import ReleaseRecord
+from server.shadow.types import CaseStatus, ClassEvidence, FlipEvent, GateResult, ReleaseEvidence
 
 METRIC_TO_PB = {
     Metric.COSINE: index_pb2.METRIC_COSINE,
@@ -113,8 +114,7 @@ def fusion_from_pb(pb: common_pb2.Fusion) -> Fusion:
         method = FUSION_METHOD_FROM_PB[pb.method]
     except KeyError:
         raise InvalidArgument(
-            f"fusion.method {pb.method} is unknown; use FUSION_METHOD_RRF or "
-            "FUSION_METHOD_WEIGHTED"
+            f"fusion.method {pb.method} is unknown; use FUSION_METHOD_RRF or FUSION_METHOD_WEIGHTED"
         ) from None
     default = Fusion()
     return Fusion(
@@ -431,38 +431,65 @@ def shadow_summary_to_pb(c: CaseStatus) -> admin_pb2.ShadowCaseSummary:
     )
 
 
+def _gates_to_pb(gates) -> list[admin_pb2.GateResult]:
+    return [admin_pb2.GateResult(**dataclasses.asdict(g)) for g in gates]
+
+
+def _gates_from_pb(gates) -> tuple[GateResult, ...]:
+    return tuple(GateResult(g.name, g.passed, g.value, g.missing) for g in gates)
+
+
+_LISTS = ("gates", "releases", "history", "watch")
+_CASE_FIELDS = [f.name for f in dataclasses.fields(CaseStatus) if f.name not in _LISTS]
+_FLIP_FIELDS = [f.name for f in dataclasses.fields(FlipEvent)]
+
+
 def shadow_case_to_pb(c: CaseStatus) -> admin_pb2.ShadowCase:
     return admin_pb2.ShadowCase(
-        use_case=c.use_case,
-        status=c.status,
-        policy=c.policy,
-        sample_rate=c.sample_rate,
-        canonical=c.canonical,
-        shadow=c.shadow,
-        serving=c.serving,
-        gates=[
-            admin_pb2.GateResult(name=g.name, passed=g.passed, value=g.value, missing=g.missing)
-            for g in c.gates
-        ],
-        flip_eligible=c.flip_eligible,
+        **{k: getattr(c, k) for k in _CASE_FIELDS},
+        gates=_gates_to_pb(c.gates),
         releases=[release_evidence_to_pb(r) for r in c.releases],
-        history=[
-            admin_pb2.FlipEvent(
-                at=h.at, action=h.action, serving=h.serving, forced=h.forced, reason=h.reason
-            )
-            for h in c.history
-        ],
-        reason=c.reason,
+        history=[admin_pb2.FlipEvent(**dataclasses.asdict(h)) for h in c.history],
+        watch=_gates_to_pb(c.watch),
     )
 
 
-_EVIDENCE_FIELDS = [f.name for f in dataclasses.fields(ReleaseEvidence)]
+def shadow_case_from_pb(pb: admin_pb2.ShadowCase) -> CaseStatus:
+    return CaseStatus(
+        **{k: getattr(pb, k) for k in _CASE_FIELDS},
+        gates=_gates_from_pb(pb.gates),
+        releases=tuple(release_evidence_from_pb(r) for r in pb.releases),
+        history=tuple(FlipEvent(**{k: getattr(h, k) for k in _FLIP_FIELDS}) for h in pb.history),
+        watch=_gates_from_pb(pb.watch),
+    )
+
+
+_CLASS_FIELDS = [f.name for f in dataclasses.fields(ClassEvidence)]
+_EVIDENCE_FIELDS = [f.name for f in dataclasses.fields(ReleaseEvidence) if f.name != "classes"]
 
 
 def release_evidence_to_pb(r: ReleaseEvidence) -> admin_pb2.ReleaseEvidence:
-    return admin_pb2.ReleaseEvidence(**{k: getattr(r, k) for k in _EVIDENCE_FIELDS})
+    return admin_pb2.ReleaseEvidence(
+        **{k: getattr(r, k) for k in _EVIDENCE_FIELDS},
+        classes=[
+            admin_pb2.ClassEvidence(**{k: getattr(c, k) for k in _CLASS_FIELDS}) for c in r.classes
+        ],
+    )
 
 
 def release_evidence_from_pb(pb: admin_pb2.ReleaseEvidence) -> ReleaseEvidence:
-    """What `ragplane shadow record-release` reads back from ShadowStatus."""
-    return ReleaseEvidence(**{k: getattr(pb, k) for k in _EVIDENCE_FIELDS})
+    return ReleaseEvidence(
+        **{k: getattr(pb, k) for k in _EVIDENCE_FIELDS},
+        classes=tuple(
+            ClassEvidence(**{k: getattr(c, k) for k in _CLASS_FIELDS}) for c in pb.classes
+        ),
+    )
+
+
+def record_release_to_pb(rec: ReleaseRecord, replaced: bool, history: str):
+    return admin_pb2.RecordReleaseResponse(
+        evidence=release_evidence_to_pb(rec.evidence),
+        replaced=replaced,
+        history=history,
+        machine=rec.machine,
+    )

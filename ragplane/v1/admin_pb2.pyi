@@ -127,7 +127,7 @@ class GateResult(_message.Message):
     def __init__(self, name: _Optional[str] = ..., passed: _Optional[bool] = ..., value: _Optional[str] = ..., missing: _Optional[str] = ...) -> None: ...
 
 class ReleaseEvidence(_message.Message):
-    __slots__ = ("shadow", "samples", "cosine_min", "cosine_p1", "cosine_mean", "overlap_at_10", "time_ratio", "time_ratio_upper", "aa_time_ratio", "errors", "dropped", "passed_g1", "passed_g2", "probes", "timed_batches")
+    __slots__ = ("shadow", "samples", "cosine_min", "cosine_p1", "cosine_mean", "overlap_at_10", "time_ratio", "time_ratio_upper", "aa_time_ratio", "errors", "dropped", "passed_g1", "passed_g2", "probes", "timed_batches", "canonical", "hardware", "phase", "seconds", "batches", "last_error", "classes")
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     COSINE_MIN_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,13 @@ class ReleaseEvidence(_message.Message):
     PASSED_G2_FIELD_NUMBER: _ClassVar[int]
     PROBES_FIELD_NUMBER: _ClassVar[int]
     TIMED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    CANONICAL_FIELD_NUMBER: _ClassVar[int]
+    HARDWARE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
     shadow: str
     samples: int
     cosine_min: float
@@ -158,7 +165,48 @@ class ReleaseEvidence(_message.Message):
     passed_g2: bool
     probes: int
     timed_batches: int
-    def __init__(self, shadow: _Optional[str] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_p1: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., overlap_at_10: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ..., probes: _Optional[int] = ..., timed_batches: _Optional[int] = ...) -> None: ...
+    canonical: str
+    hardware: str
+    phase: str
+    seconds: float
+    batches: int
+    last_error: str
+    classes: _containers.RepeatedCompositeFieldContainer[ClassEvidence]
+    def __init__(self, shadow: _Optional[str] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_p1: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., overlap_at_10: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ..., probes: _Optional[int] = ..., timed_batches: _Optional[int] = ..., canonical: _Optional[str] = ..., hardware: _Optional[str] = ..., phase: _Optional[str] = ..., seconds: _Optional[float] = ..., batches: _Optional[int] = ..., last_error: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[ClassEvidence, _Mapping]]] = ...) -> None: ...
+
+class ClassEvidence(_message.Message):
+    __slots__ = ("name", "batches", "share", "samples", "cosine_min", "cosine_mean", "time_ratio", "time_ratio_upper", "aa_time_ratio", "timed_batches", "errors", "dropped", "carried", "passed_g1", "passed_g2")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    COSINE_MIN_FIELD_NUMBER: _ClassVar[int]
+    COSINE_MEAN_FIELD_NUMBER: _ClassVar[int]
+    TIME_RATIO_FIELD_NUMBER: _ClassVar[int]
+    TIME_RATIO_UPPER_FIELD_NUMBER: _ClassVar[int]
+    AA_TIME_RATIO_FIELD_NUMBER: _ClassVar[int]
+    TIMED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    CARRIED_FIELD_NUMBER: _ClassVar[int]
+    PASSED_G1_FIELD_NUMBER: _ClassVar[int]
+    PASSED_G2_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    batches: int
+    share: float
+    samples: int
+    cosine_min: float
+    cosine_mean: float
+    time_ratio: float
+    time_ratio_upper: float
+    aa_time_ratio: float
+    timed_batches: int
+    errors: int
+    dropped: int
+    carried: bool
+    passed_g1: bool
+    passed_g2: bool
+    def __init__(self, name: _Optional[str] = ..., batches: _Optional[int] = ..., share: _Optional[float] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., timed_batches: _Optional[int] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., carried: _Optional[bool] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ...) -> None: ...
 
 class FlipEvent(_message.Message):
     __slots__ = ("at", "action", "serving", "forced", "reason")
@@ -175,7 +223,7 @@ class FlipEvent(_message.Message):
     def __init__(self, at: _Optional[float] = ..., action: _Optional[str] = ..., serving: _Optional[str] = ..., forced: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ShadowCase(_message.Message):
-    __slots__ = ("use_case", "status", "policy", "sample_rate", "canonical", "shadow", "serving", "gates", "flip_eligible", "releases", "history", "reason")
+    __slots__ = ("use_case", "status", "policy", "sample_rate", "canonical", "shadow", "serving", "gates", "flip_eligible", "releases", "history", "reason", "hardware", "kernel", "watch")
     USE_CASE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +236,9 @@ class ShadowCase(_message.Message):
     RELEASES_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    HARDWARE_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_FIELD_NUMBER: _ClassVar[int]
+    WATCH_FIELD_NUMBER: _ClassVar[int]
     use_case: str
     status: str
     policy: str
@@ -200,7 +251,10 @@ class ShadowCase(_message.Message):
     releases: _containers.RepeatedCompositeFieldContainer[ReleaseEvidence]
     history: _containers.RepeatedCompositeFieldContainer[FlipEvent]
     reason: str
-    def __init__(self, use_case: _Optional[str] = ..., status: _Optional[str] = ..., policy: _Optional[str] = ..., sample_rate: _Optional[float] = ..., canonical: _Optional[str] = ..., shadow: _Optional[str] = ..., serving: _Optional[str] = ..., gates: _Optional[_Iterable[_Union[GateResult, _Mapping]]] = ..., flip_eligible: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseEvidence, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[FlipEvent, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
+    hardware: str
+    kernel: str
+    watch: _containers.RepeatedCompositeFieldContainer[GateResult]
+    def __init__(self, use_case: _Optional[str] = ..., status: _Optional[str] = ..., policy: _Optional[str] = ..., sample_rate: _Optional[float] = ..., canonical: _Optional[str] = ..., shadow: _Optional[str] = ..., serving: _Optional[str] = ..., gates: _Optional[_Iterable[_Union[GateResult, _Mapping]]] = ..., flip_eligible: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseEvidence, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[FlipEvent, _Mapping]]] = ..., reason: _Optional[str] = ..., hardware: _Optional[str] = ..., kernel: _Optional[str] = ..., watch: _Optional[_Iterable[_Union[GateResult, _Mapping]]] = ...) -> None: ...
 
 class ShadowStatusResponse(_message.Message):
     __slots__ = ("cases",)
@@ -227,6 +281,24 @@ class FlipResponse(_message.Message):
     CASE_FIELD_NUMBER: _ClassVar[int]
     case: ShadowCase
     def __init__(self, case: _Optional[_Union[ShadowCase, _Mapping]] = ...) -> None: ...
+
+class RecordReleaseRequest(_message.Message):
+    __slots__ = ("use_case",)
+    USE_CASE_FIELD_NUMBER: _ClassVar[int]
+    use_case: str
+    def __init__(self, use_case: _Optional[str] = ...) -> None: ...
+
+class RecordReleaseResponse(_message.Message):
+    __slots__ = ("evidence", "replaced", "history", "machine")
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    evidence: ReleaseEvidence
+    replaced: bool
+    history: str
+    machine: str
+    def __init__(self, evidence: _Optional[_Union[ReleaseEvidence, _Mapping]] = ..., replaced: _Optional[bool] = ..., history: _Optional[str] = ..., machine: _Optional[str] = ...) -> None: ...
 
 class CreateKeyRequest(_message.Message):
     __slots__ = ("tenant", "scopes", "description")

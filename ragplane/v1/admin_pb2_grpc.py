@@ -78,6 +78,11 @@ class AdminServiceStub:
                 request_serializer=ragplane_dot_v1_dot_admin__pb2.UnflipRequest.SerializeToString,
                 response_deserializer=ragplane_dot_v1_dot_admin__pb2.FlipResponse.FromString,
                 _registered_method=True)
+        self.RecordRelease = channel.unary_unary(
+                '/ragplane.v1.AdminService/RecordRelease',
+                request_serializer=ragplane_dot_v1_dot_admin__pb2.RecordReleaseRequest.SerializeToString,
+                response_deserializer=ragplane_dot_v1_dot_admin__pb2.RecordReleaseResponse.FromString,
+                _registered_method=True)
         self.CreateKey = channel.unary_unary(
                 '/ragplane.v1.AdminService/CreateKey',
                 request_serializer=ragplane_dot_v1_dot_admin__pb2.CreateKeyRequest.SerializeToString,
@@ -151,6 +156,15 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordRelease(self, request, context):
+        """Append the live evidence of a case's current shadow release to the server's release
+        history (the file G3 counts), judged under this server's gates: refused with
+        FAILED_PRECONDITION, and every reason, when it fails G1 or G2 or had an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateKey(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -211,6 +225,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Unflip,
                     request_deserializer=ragplane_dot_v1_dot_admin__pb2.UnflipRequest.FromString,
                     response_serializer=ragplane_dot_v1_dot_admin__pb2.FlipResponse.SerializeToString,
+            ),
+            'RecordRelease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordRelease,
+                    request_deserializer=ragplane_dot_v1_dot_admin__pb2.RecordReleaseRequest.FromString,
+                    response_serializer=ragplane_dot_v1_dot_admin__pb2.RecordReleaseResponse.SerializeToString,
             ),
             'CreateKey': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateKey,
@@ -446,6 +465,33 @@ class AdminService:
             '/ragplane.v1.AdminService/Unflip',
             ragplane_dot_v1_dot_admin__pb2.UnflipRequest.SerializeToString,
             ragplane_dot_v1_dot_admin__pb2.FlipResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ragplane.v1.AdminService/RecordRelease',
+            ragplane_dot_v1_dot_admin__pb2.RecordReleaseRequest.SerializeToString,
+            ragplane_dot_v1_dot_admin__pb2.RecordReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,31 +1,23 @@
-"""`ragplane shadow record-release`: the live G1/G2 evidence of the shadow release a running
-server runs now becomes that release's entry in the committed release history
-(self-hosted-releases.json beside koder.toml), which G3 counts. Kept apart from the
-other shadow commands so the history's commands and rendering live in one place."""
+"""`ragplane shadow record-release`: the running server that measured the shadow release
+it runs now records that release's live evidence, under its own gates, in its release
+history (self-hosted-releases.json beside koder.toml), which G3 counts. Kept apart from
+the other shadow commands so the history's commands and rendering live in one place."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated
 
+import grpc
 import typer
 
 from core.errors import InvalidArgument, RagplaneError
 from ragplane.v1 import admin_pb2
-from server.cli.common import call, console, err
-from server.conversions import release_evidence_from_pb
+from server.cli.common import conn_of, console, err, errors
 from server.shadow.config import AUTO, PairConfig, discover_koder_toml, load_pairs
-from server.shadow.evidence import passes_g1, passes_g2
-from server.shadow.releases import (
-    FILE_NAME,
-    ReleaseHistory,
-    history_beside,
-    record_from,
-    render_markdown,
-)
-from server.shadow.types import ReleaseEvidence
+from server.shadow.releases import FILE_NAME, history_beside, render_markdown
 
-EXIT_REFUSED = 3  # the evidence does not pass G1/G2 and --allow-failing was not given
+EXIT_REFUSED = 3  # the server refused: the release fails G1/G2 or had errors
 
 
 def find_pairs(koder_toml: str) -> tuple[Path, dict[str, PairConfig]]:
@@ -40,76 +32,31 @@ def find_pairs(koder_toml: str) -> tuple[Path, dict[str, PairConfig]]:
         raise typer.Exit(2) from None
 
 
-def failing_reasons(ev: ReleaseEvidence, cfg: PairConfig) -> list[str]:
-    """Why `ev` would not count for G3 under the declared gates, with the numbers."""
-    g, out = cfg.gates, []
-    if not passes_g1(ev, g):
-        out.append(
-            f"G1: n={ev.samples} (>= {g.min_samples}), min cos {ev.cosine_min:.7f} "
-            f"(>= {g.min_cosine}), mean {ev.cosine_mean:.7f} (>= {g.mean_cosine}), "
-            f"overlap@10 {ev.overlap_at_10:.3f} over {ev.probes} probes "
-            f"(>= {g.min_overlap} over >= {g.min_probes})"
-        )
-    if not passes_g2(ev, g):
-        out.append(
-            f"G2: time ratio {ev.time_ratio:.3f}, upper 95% {ev.time_ratio_upper:.3f} "
-            f"(<= {g.max_time_ratio}) over {ev.timed_batches} timed batches "
-            f"(>= {g.min_timed_batches})"
-        )
-    if ev.errors:
-        out.append(f"{ev.errors} shadow error(s)")
-    return out
-
-
 def record_release(
-    ctx: typer.Context,
-    use_case: Annotated[str, typer.Argument()] = "embeddings",
-    koder_toml: Annotated[
-        str, typer.Option(help="The pairs (their gates judge the evidence); auto = discover.")
-    ] = AUTO,
-    history: Annotated[
-        Path | None, typer.Option(help=f"The history file; default {FILE_NAME} beside koder.toml.")
-    ] = None,
-    allow_failing: Annotated[
-        bool, typer.Option(help="Record evidence that fails G1/G2 too (G3 will not count it).")
-    ] = False,
-    machine: Annotated[
-        str, typer.Option(help="Describe the measuring machine; default: this one.")
-    ] = "",
+    ctx: typer.Context, use_case: Annotated[str, typer.Argument()] = "embeddings"
 ) -> None:
-    """Record the running server's live evidence for USE_CASE's current shadow release in the
-    release history (re-recording a version replaces its entry). Refused, exit 3, when the
-    evidence fails G1 or G2 under koder.toml's gates, unless --allow-failing."""
-    path, pairs = find_pairs(koder_toml)
-    cfg = pairs.get(use_case)
-    if cfg is None:
-        err.print(f"[bold red]error:[/] {path} declares no [self_hosted.{use_case}]")
-        raise typer.Exit(2)
-    (case,) = call(ctx, "ShadowStatus", admin_pb2.ShadowStatusRequest(use_case=use_case)).cases
-    if case.reason:
-        err.print(f"[bold red]error:[/] the shadow of {use_case} does not run: {case.reason}")
-        raise typer.Exit(2)
-    live = next((r for r in case.releases if r.shadow == case.shadow), None)
-    if live is None:
-        err.print(f"[bold red]error:[/] no live evidence for {case.shadow} yet; send traffic")
-        raise typer.Exit(2)
-    rec = record_from(use_case, release_evidence_from_pb(live), case.canonical, cfg.gates, machine)
-    why = failing_reasons(rec.evidence, cfg)
-    if why and not allow_failing:
-        err.print(f"[bold red]refused:[/] {rec.shadow} does not pass under {path.name}'s gates:")
-        for line in why:
-            err.print(f"  {line}")
-        err.print("record it anyway with --allow-failing (G3 will not count it)")
-        raise typer.Exit(EXIT_REFUSED)
-    target = ReleaseHistory(history) if history else history_beside(path)
+    """Ask the running server to record its live evidence for USE_CASE's current shadow
+    release in its release history (re-recording a version replaces its entry). The server
+    judges it under its own gates and refuses (exit 3, with every reason) a release that
+    fails G1 or G2 or had a shadow error."""
+    conn = conn_of(ctx)
     try:
-        replaced = target.record(rec)
-    except RagplaneError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        r = conn.stub().RecordRelease(
+            admin_pb2.RecordReleaseRequest(use_case=use_case),
+            timeout=conn.timeout,
+            metadata=conn.metadata,
+        )
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+            with errors(conn):
+                raise
+        err.print(f"[bold red]refused:[/] {exc.details()}")
+        raise typer.Exit(EXIT_REFUSED) from None
+    ev = r.evidence
     console.print(
-        f"{'replaced' if replaced else 'recorded'} {rec.shadow} ({use_case}) in {target.path}"
-        + (f"; failing, not counted by G3: {'; '.join(why)}" if why else "; G3 counts it")
+        f"{'replaced' if r.replaced else 'recorded'} {ev.shadow} ({use_case}) in {r.history}: "
+        f"against {ev.canonical} on {ev.hardware}, {ev.seconds / 3600:.2f} h of shadow time, "
+        f"{ev.batches} batches, measured on {r.machine}"
     )
 
 
@@ -124,9 +71,11 @@ def registry_lines(koder_toml: Path, pairs: dict[str, PairConfig]) -> list[str]:
         "",
         "## Release history",
         "",
-        f"From `{FILE_NAME}` (committed; `ragplane shadow record-release` adds the live "
-        "release). G3 counts the entries that pass G1 and G2 under the case's gates today "
-        "with no errors, plus the live release when it passes now.",
+        f"From `{FILE_NAME}` (committed; `ragplane shadow record-release` asks the server "
+        "that measured a release to add it). G3 counts an entry only when it was measured "
+        "against the canonical and on the hardware class of the decision at hand, over the "
+        "minimum shadow time and batches, and passes G1 and G2 per traffic class under the "
+        "case's gates today with no errors; the live release counts when it does so now.",
         "",
         *render_markdown(records, {name: cfg.gates for name, cfg in pairs.items()}),
     ]

@@ -29,14 +29,20 @@ def _print_case(c) -> None:
         f"[bold]{c.use_case}[/]: {c.status} · policy {c.policy} · sample rate "
         f"{c.sample_rate:g} · serving [cyan]{c.serving}[/] · canonical {c.canonical} "
         f"· shadow {c.shadow}"
+        + (f" · hardware {c.hardware}" if c.hardware else "")
+        + (f" · kernel {c.kernel}" if c.kernel else "")
     )
-    gates = Table(show_header=True)
-    for col in ("gate", "result", "value", "still missing"):
-        gates.add_column(col)
-    for g in c.gates:
-        gates.add_row(g.name, "[green]pass[/]" if g.passed else "[red]fail[/]", g.value, g.missing)
-    if c.gates:  # none while the shadow does not run
+    for title, rows in (("gates", c.gates), ("watch since the flip", c.watch)):
+        if not rows:  # no gates while the shadow does not run; no watch before a flip
+            continue
+        gates = Table(show_header=True, title=title)
+        for col in ("gate", "result", "value", "still missing"):
+            gates.add_column(col)
+        for g in rows:
+            ok = "[green]pass[/]" if g.passed else "[red]fail[/]"
+            gates.add_row(g.name, ok, g.value, g.missing)
         console.print(gates)
+    _print_classes(c)
     if c.releases:
         rel = Table(title="evidence per shadow release")
         for col in (
@@ -78,6 +84,26 @@ def _print_case(c) -> None:
             f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(h.at))} {h.action} "
             f"-> {h.serving}{' (forced)' if h.forced else ''} {h.reason}"
         )
+
+
+def _print_classes(c) -> None:
+    """The current release's evidence per traffic class: what the gates judge."""
+    cur = next((r for r in c.releases if r.shadow == c.shadow and r.hardware == c.hardware), None)
+    if cur is None or not cur.classes:
+        return
+    t = Table(title=f"{cur.shadow} per traffic class ({cur.seconds / 3600:.2f} h of shadow time)")
+    for col in ("class", "share", "vectors", "cos min", "cos mean", "time ratio", "upper 95%",
+                "A/A", "timed", "errors", "dropped", "judged", "G1", "G2"):  # fmt: skip
+        t.add_column(col)
+    for k in cur.classes:
+        t.add_row(
+            k.name, f"{k.share:.0%}", f"{k.samples:,}", f"{k.cosine_min:.6f}",
+            f"{k.cosine_mean:.7f}", f"{k.time_ratio:.3f}", f"{k.time_ratio_upper:.3f}",
+            f"{k.aa_time_ratio:.3f}", str(k.timed_batches), str(k.errors), str(k.dropped),
+            "yes" if k.carried else "no", "pass" if k.passed_g1 else "fail",
+            "pass" if k.passed_g2 else "fail",
+        )  # fmt: skip
+    console.print(t)
 
 
 @shadow_app.command("status")
@@ -167,10 +193,13 @@ def _case_section(name: str, cfg: Any, c: admin_pb2.ShadowCase | None) -> list[s
         "",
         f"## {name}",
         "",
-        f"Gates: G1 min cosine >= {g.min_cosine}, mean >= {g.mean_cosine}, "
-        f"overlap@10 >= {g.min_overlap} (after {g.min_samples} vectors, "
-        f"{g.min_probes} probes); G2 time ratio upper bound <= {g.max_time_ratio} "
-        f"(after {g.min_timed_batches} timed batches); G3 {g.min_releases} releases.",
+        f"Gates, per traffic class carrying >= {g.min_class_share:.0%} of batches: G1 min "
+        f"cosine >= {g.min_cosine}, mean >= {g.mean_cosine}, no errors, overlap@10 >= "
+        f"{g.min_overlap} (after {g.min_samples} vectors, {g.min_probes} probes); G2 time "
+        f"ratio upper bound <= {g.max_time_ratio} with the A/A floor within {g.max_aa_ratio} "
+        f"(after {g.min_timed_batches} timed batches); G3 {g.min_releases} releases measured "
+        f"against the same canonical on the same hardware class, each over "
+        f"{g.min_release_hours:g} h and {g.min_release_batches} batches of shadow traffic.",
         "",
     ]
     if c is None or c.reason:
@@ -198,6 +227,9 @@ def _case_section(name: str, cfg: Any, c: admin_pb2.ShadowCase | None) -> list[s
             f"{r.aa_time_ratio:.3f} | {r.errors} | {r.dropped} |"
             for r in c.releases
         ]
+    if c.watch:
+        lines += ["", "Watch since the flip:", ""]
+        lines += [f"- {x.name}: {'pass' if x.passed else 'fail'}: {x.value}" for x in c.watch]
     if c.history:
         lines += ["", "Flip history:", ""]
         lines += [

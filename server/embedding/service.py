@@ -43,8 +43,10 @@ class ShadowHook(Protocol):
         vectors: np.ndarray,
         seconds: float,
         embedder: str,
+        tokens: Sequence[int] = (),
     ) -> None:
-        """Offer an answered batch to the shadow; must return at once."""
+        """Offer an answered batch (with each text's token count) to the shadow; must
+        return at once."""
         ...
 
 
@@ -148,7 +150,7 @@ class EmbeddingService:
         seconds = time.perf_counter() - t0
         if self.shadow is not None:
             self.shadow.observe(
-                use_case or DEFAULT_USE_CASE, texts, raw, seconds, embedder.identity
+                use_case or DEFAULT_USE_CASE, texts, raw, seconds, embedder.identity, tokens
             )
         vectors = l2_normalize(raw) if normalize else raw
         return EmbedResult(

@@ -86,6 +86,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             case=conv.shadow_case_to_pb(self._ops.unflip(request.use_case))
         )
 
+    def RecordRelease(self, request: admin_pb2.RecordReleaseRequest, context: grpc.ServicerContext):
+        rec, replaced, path = self._ops.record_release(request.use_case or "embeddings")
+        return conv.record_release_to_pb(rec, replaced, path)
+
     def CreateKey(self, request: admin_pb2.CreateKeyRequest, context: grpc.ServicerContext):
         info, secret = self._ops.keys.create(
             request.tenant or auth.DEFAULT_TENANT, list(request.scopes), request.description

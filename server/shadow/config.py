@@ -35,10 +35,22 @@ class Gates:
     mean_cosine: float = 0.99999  # G1: the average vector
     min_overlap: float = 0.99  # G1: overlap@10 on the probe set
     max_time_ratio: float = 1.05  # G2: upper confidence bound of shadow / canonical time
+    # G2: the A/A noise floor (the canonical timed after the shadow against itself before
+    # it) must lie within [1 / max_aa_ratio, max_aa_ratio]; outside it, the timings prove
+    # nothing (something other than the embedders moved the clock)
+    max_aa_ratio: float = 1.05
     min_releases: int = 3  # G3: distinct shadow releases that passed G1 and G2
     min_samples: int = 1000  # vectors compared before G1 can pass
     min_probes: int = 20  # probe queries before overlap counts
-    min_timed_batches: int = 30  # interleaved timings before G2 can pass
+    min_timed_batches: int = 30  # interleaved timings (per traffic class) before G2 can pass
+    # G1 and G2 are judged per traffic class (server.shadow.classes); a class that carries
+    # at least this share of the sampled batches must hold both
+    min_class_share: float = 0.05
+    # G3: what a recorded release must show to count: this much real shadow time (first
+    # to last observation) and this many sampled batches, measured against the same
+    # canonical on the same hardware class as the decision at hand
+    min_release_hours: float = 24.0
+    min_release_batches: int = 1000
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,9 @@ class PairConfig:
     sample_rate: float = 0.1
     policy: str = "manual"
     timing_rate: float = 0.25  # of sampled batches, the share also timed (A/B/A interleaved)
+    # a pause before each of the three timed runs, so that threads one embedder leaves
+    # spinning (or caches it evicted) are not charged to the next run
+    timing_pause_ms: float = 0.0
     probe_corpus: int = 2000  # sampled texts kept, with both embedders' vectors, for overlap
     probe_queries: int = 50
     gates: Gates = field(default_factory=Gates)
@@ -90,6 +105,12 @@ def parse_pair(case: str, spec: dict[str, Any], where: str = "") -> PairConfig:
         raise InvalidArgument(f"{where}: policy {cfg.policy!r}; use manual or auto")
     if not 0.0 <= cfg.sample_rate <= 1.0 or not 0.0 <= cfg.timing_rate <= 1.0:
         raise InvalidArgument(f"{where}: sample_rate and timing_rate must be in [0, 1]")
+    if cfg.gates.max_aa_ratio < 1.0 or not 0.0 <= cfg.gates.min_class_share <= 1.0:
+        raise InvalidArgument(
+            f"{where}.gates: max_aa_ratio must be >= 1 and min_class_share in [0, 1]"
+        )
+    if cfg.timing_pause_ms < 0:
+        raise InvalidArgument(f"{where}: timing_pause_ms must be >= 0")
     return cfg
 
 

@@ -1,14 +1,18 @@
-"""Shadow evidence, persisted in SQLite (data_dir/shadow.db), and the gates G1-G3.
+"""Shadow evidence, persisted in SQLite (data_dir/shadow.db).
 
-Per case-of-use and shadow release (name@version of the Rust embedder):
-  * agreement: count, min and mean cosine, and the 1st percentile, exact while the count is
-    at most 100 x MAX_LOW (the smallest MAX_LOW cosines are kept), a lower bound after;
-  * overlap@10 of the probe set (latest measurement);
-  * time: per timed batch, r = shadow / mean(canonical before, canonical after) on the same
-    texts; the ratio is the geometric mean of r, its upper bound exp(mean + 1.645 sd / sqrt n)
-    (one-sided 95%), beside the A/A ratio canonical-after / canonical-before (noise floor);
-  * errors and dropped samples.
-Evidence is always shadow-vs-canonical as declared, whichever of the two is serving.
+Evidence is kept per case-of-use, shadow release (name@version), canonical (name@version),
+hardware class, phase (`shadow` before a flip, `watch` since the last one) and traffic
+class (server.shadow.classes):
+  * every sampled batch: compared (count, min and sum of cosines, and the smallest MAX_LOW
+    cosines, so the 1st percentile is exact while the count is at most 100 x MAX_LOW), or
+    failed (an error: the shadow raised, or gave NaN, infinite, misshapen or miscounted
+    vectors), or dropped (the queue was full);
+  * every timed batch: its three times (canonical, shadow, canonical), the latest
+    MAX_TIMINGS per class, for server.shadow.timing's estimator;
+  * overlap@10 of the probe set (the latest measurement).
+Evidence is always shadow-vs-canonical as declared, whichever of the two is serving. The
+gates that read it live in server.shadow.gates. A data directory from before per-class
+evidence keeps its old `evidence` table, which nothing reads any more.
 """
 
 from __future__ import annotations
@@ -17,35 +21,85 @@ import json
 import math
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from core.sqlite import connect, transaction
 from core.storage import storage_errors
-from server.shadow.config import Gates
-from server.shadow.types import FlipEvent, GateResult, ReleaseEvidence
+from server.shadow.classes import NAMES
+from server.shadow.types import FlipEvent
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS evidence (
-  use_case TEXT NOT NULL, release TEXT NOT NULL,
-  samples INTEGER NOT NULL DEFAULT 0, cos_min REAL NOT NULL DEFAULT 1.0,
-  cos_sum REAL NOT NULL DEFAULT 0.0, low TEXT NOT NULL DEFAULT '[]',
-  overlap REAL NOT NULL DEFAULT 0.0, probes INTEGER NOT NULL DEFAULT 0,
-  timed INTEGER NOT NULL DEFAULT 0, lr_sum REAL NOT NULL DEFAULT 0.0,
-  lr_sq REAL NOT NULL DEFAULT 0.0, aa_sum REAL NOT NULL DEFAULT 0.0,
-  errors INTEGER NOT NULL DEFAULT 0, dropped INTEGER NOT NULL DEFAULT 0,
+_KEY = (
+    "use_case TEXT NOT NULL, release TEXT NOT NULL, canonical TEXT NOT NULL, "
+    "hardware TEXT NOT NULL, phase TEXT NOT NULL"
+)
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS class_evidence (
+  {_KEY}, class TEXT NOT NULL,
+  batches INTEGER NOT NULL DEFAULT 0, samples INTEGER NOT NULL DEFAULT 0,
+  cos_min REAL NOT NULL DEFAULT 1.0, cos_sum REAL NOT NULL DEFAULT 0.0,
+  low TEXT NOT NULL DEFAULT '[]', errors INTEGER NOT NULL DEFAULT 0,
+  last_error TEXT NOT NULL DEFAULT '', dropped INTEGER NOT NULL DEFAULT 0,
   first_at REAL NOT NULL, updated_at REAL NOT NULL,
-  PRIMARY KEY (use_case, release));
+  PRIMARY KEY (use_case, release, canonical, hardware, phase, class));
+CREATE TABLE IF NOT EXISTS timings (
+  {_KEY}, class TEXT NOT NULL, at REAL NOT NULL,
+  canonical_before REAL NOT NULL, shadow REAL NOT NULL, canonical_after REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS timings_key ON timings (use_case, release, phase, class);
+CREATE TABLE IF NOT EXISTS overlap (
+  {_KEY}, overlap REAL NOT NULL, probes INTEGER NOT NULL, updated_at REAL NOT NULL,
+  PRIMARY KEY (use_case, release, canonical, hardware, phase));
 CREATE TABLE IF NOT EXISTS case_state (
   use_case TEXT PRIMARY KEY, serving TEXT NOT NULL, updated_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS history (
   use_case TEXT NOT NULL, at REAL NOT NULL, action TEXT NOT NULL, serving TEXT NOT NULL,
   forced INTEGER NOT NULL, reason TEXT NOT NULL);
 """
-Z_95 = 1.6448536269514722  # one-sided 95%
 MAX_LOW = 5_000
+MAX_TIMINGS = 10_000  # per key and class: the estimator reads the latest this many
+PHASES = ("shadow", "watch")
+
+
+@dataclass(frozen=True)
+class EvidenceKey:
+    use_case: str
+    release: str  # the shadow's name@version
+    canonical: str  # the canonical's name@version
+    hardware: str  # server.shadow.hardware
+    phase: str = "shadow"
+
+    def row(self) -> tuple[str, str, str, str, str]:
+        return (self.use_case, self.release, self.canonical, self.hardware, self.phase)
+
+
+@dataclass(frozen=True)
+class ClassRow:
+    """What the store holds for one key and class."""
+
+    batches: int
+    samples: int
+    cos_min: float
+    cos_sum: float
+    low: list[float]
+    errors: int
+    last_error: str
+    dropped: int
+    first_at: float
+    updated_at: float
+    timings: list[tuple[float, float, float]]
+
+
+@dataclass(frozen=True)
+class StoredRelease:
+    """Every class of one key, and its overlap@10, as stored."""
+
+    key: EvidenceKey
+    classes: dict[str, ClassRow]
+    overlap: float
+    probes: int
 
 
 class EvidenceStore:
@@ -59,143 +113,146 @@ class EvidenceStore:
     @contextmanager
     def _writing(self) -> Iterator[None]:
         """Serialise a write; a full or read-only data directory raises StorageFull /
-        StorageReadOnly (the shadow worker logs it and goes on with the next sample)."""
-        with self._lock, storage_errors(self._dir):
+        StorageReadOnly (the shadow worker counts the sample as dropped and goes on)."""
+        with self._lock, storage_errors(self._dir), transaction(self._db):
             yield
 
     def close(self) -> None:
         self._db.close()
 
-    def _ensure(self, case: str, release: str) -> None:
+    def _ensure(self, key: EvidenceKey, cls: str) -> None:
         now = time.time()
         self._db.execute(
-            "INSERT OR IGNORE INTO evidence (use_case, release, first_at, updated_at) "
-            "VALUES (?, ?, ?, ?)",
-            (case, release, now, now),
+            "INSERT OR IGNORE INTO class_evidence (use_case, release, canonical, hardware, "
+            "phase, class, first_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (*key.row(), cls, now, now),
         )
 
-    def record_agreement(self, case: str, release: str, cosines: Sequence[float]) -> None:
-        if not len(cosines):
-            return
+    _WHERE = "use_case = ? AND release = ? AND canonical = ? AND hardware = ? AND phase = ?"
+
+    def record_agreement(self, key: EvidenceKey, cls: str, cosines: Sequence[float]) -> None:
+        """One compared batch of `cls`: its per-vector cosines, every one finite (the
+        manager turns a non-finite output into an error before it gets here)."""
+        values = [float(c) for c in cosines]
+        if not values or not all(math.isfinite(c) for c in values):
+            raise ValueError("record_agreement takes finite cosines only; record an error")
         with self._writing():
-            self._ensure(case, release)
+            self._ensure(key, cls)
             n, low = self._db.execute(
-                "SELECT samples, low FROM evidence WHERE use_case = ? AND release = ?",
-                (case, release),
+                f"SELECT samples, low FROM class_evidence WHERE {self._WHERE} AND class = ?",
+                (*key.row(), cls),
             ).fetchone()
-            n += len(cosines)
-            merged = sorted([*json.loads(low), *map(float, cosines)])[:MAX_LOW]
+            merged = sorted([*json.loads(low), *values])[:MAX_LOW]
             self._db.execute(
-                "UPDATE evidence SET samples = ?, cos_min = MIN(cos_min, ?), cos_sum = cos_sum + ?,"
-                " low = ?, updated_at = ? WHERE use_case = ? AND release = ?",
+                "UPDATE class_evidence SET batches = batches + 1, samples = ?, "
+                "cos_min = MIN(cos_min, ?), cos_sum = cos_sum + ?, low = ?, updated_at = ? "
+                f"WHERE {self._WHERE} AND class = ?",
                 (
-                    n,
-                    float(min(cosines)),
-                    float(sum(cosines)),
+                    n + len(values),
+                    min(values),
+                    sum(values),
                     json.dumps(merged),
                     time.time(),
-                    case,
-                    release,
+                    *key.row(),
+                    cls,
                 ),
             )
 
+    def record_error(self, key: EvidenceKey, cls: str, what: str) -> None:
+        """One sampled batch of `cls` whose shadow output could not be compared."""
+        with self._writing():
+            self._ensure(key, cls)
+            self._db.execute(
+                "UPDATE class_evidence SET batches = batches + 1, errors = errors + 1, "
+                f"last_error = ?, updated_at = ? WHERE {self._WHERE} AND class = ?",
+                (what[:500], time.time(), *key.row(), cls),
+            )
+
+    def record_drop(self, key: EvidenceKey, cls: str) -> None:
+        with self._writing():
+            self._ensure(key, cls)
+            self._db.execute(
+                "UPDATE class_evidence SET dropped = dropped + 1, updated_at = ? "
+                f"WHERE {self._WHERE} AND class = ?",
+                (time.time(), *key.row(), cls),
+            )
+
     def record_timing(
-        self,
-        case: str,
-        release: str,
-        canonical_before: float,
-        shadow: float,
-        canonical_after: float,
+        self, key: EvidenceKey, cls: str, before: float, shadow: float, after: float
     ) -> None:
-        if min(canonical_before, shadow, canonical_after) <= 0:
-            return
-        lr = math.log(shadow / ((canonical_before + canonical_after) / 2))
-        aa = math.log(canonical_after / canonical_before)
+        """One A/B/A-timed batch of `cls` (seconds: canonical, shadow, canonical)."""
         with self._writing():
-            self._ensure(case, release)
+            self._ensure(key, cls)
+            cur = self._db.execute(
+                "INSERT INTO timings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*key.row(), cls, time.time(), before, shadow, after),
+            )
+            if (cur.lastrowid or 0) % 1000 == 0:
+                self._db.execute(
+                    f"DELETE FROM timings WHERE {self._WHERE} AND class = ? AND rowid NOT IN "
+                    f"(SELECT rowid FROM timings WHERE {self._WHERE} AND class = ? "
+                    "ORDER BY rowid DESC LIMIT ?)",
+                    (*key.row(), cls, *key.row(), cls, MAX_TIMINGS),
+                )
+
+    def record_overlap(self, key: EvidenceKey, overlap: float, probes: int) -> None:
+        with self._writing():
             self._db.execute(
-                "UPDATE evidence SET timed = timed + 1, lr_sum = lr_sum + ?, lr_sq = lr_sq + ?, "
-                "aa_sum = aa_sum + ?, updated_at = ? WHERE use_case = ? AND release = ?",
-                (lr, lr * lr, aa, time.time(), case, release),
+                "INSERT OR REPLACE INTO overlap VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (*key.row(), overlap, probes, time.time()),
             )
 
-    def record_overlap(self, case: str, release: str, overlap: float, probes: int) -> None:
+    def clear(self, use_case: str, release: str, phase: str) -> None:
+        """Forget `phase`'s evidence of a release (a new flip starts a new watch)."""
         with self._writing():
-            self._ensure(case, release)
-            self._db.execute(
-                "UPDATE evidence SET overlap = ?, probes = ?, updated_at = ? "
-                "WHERE use_case = ? AND release = ?",
-                (overlap, probes, time.time(), case, release),
-            )
-
-    def _bump(self, column: str, case: str, release: str) -> None:
-        with self._writing():
-            self._ensure(case, release)
-            self._db.execute(
-                f"UPDATE evidence SET {column} = {column} + 1, updated_at = ? "
-                "WHERE use_case = ? AND release = ?",
-                (time.time(), case, release),
-            )
-
-    def record_error(self, case: str, release: str) -> None:
-        self._bump("errors", case, release)
-
-    def record_drop(self, case: str, release: str) -> None:
-        self._bump("dropped", case, release)
+            for table in ("class_evidence", "timings", "overlap"):
+                self._db.execute(
+                    f"DELETE FROM {table} WHERE use_case = ? AND release = ? AND phase = ?",
+                    (use_case, release, phase),
+                )
 
     # -- reading -------------------------------------------------------------------------
 
-    def releases(self, case: str, gates: Gates) -> list[ReleaseEvidence]:
+    def stored(self, use_case: str, phase: str = "shadow") -> list[StoredRelease]:
+        """Every (release, canonical, hardware) of `use_case` in `phase`, oldest first."""
         rows = self._db.execute(
-            "SELECT release, samples, cos_min, cos_sum, low, overlap, probes, timed, lr_sum, "
-            "lr_sq, aa_sum, errors, dropped FROM evidence WHERE use_case = ? ORDER BY first_at",
-            (case,),
+            "SELECT release, canonical, hardware, class, batches, samples, cos_min, cos_sum, "
+            "low, errors, last_error, dropped, first_at, updated_at FROM class_evidence "
+            "WHERE use_case = ? AND phase = ? ORDER BY first_at",
+            (use_case, phase),
         ).fetchall()
-        return [self._evidence(r, gates) for r in rows]
-
-    @staticmethod
-    def _evidence(row: tuple, g: Gates) -> ReleaseEvidence:
-        (
-            release,
-            n,
-            cmin,
-            csum,
-            low,
-            overlap,
-            probes,
-            timed,
-            lr_sum,
-            lr_sq,
-            aa_sum,
-            errors,
-            dropped,
-        ) = row
-        low = json.loads(low)
-        p1 = low[min(len(low), max(1, math.ceil(0.01 * n))) - 1] if low else 0.0
-        mean = csum / n if n else 0.0
-        ratio = upper = aa = 0.0
-        if timed:
-            m = lr_sum / timed
-            var = max(0.0, lr_sq / timed - m * m) * timed / max(1, timed - 1)
-            ratio = math.exp(m)
-            upper = math.exp(m + Z_95 * math.sqrt(var / timed)) if timed > 1 else math.inf
-            aa = math.exp(aa_sum / timed)
-        ev = ReleaseEvidence(
-            shadow=release,
-            samples=n,
-            cosine_min=cmin if n else 0.0,
-            cosine_p1=p1,
-            cosine_mean=mean,
-            overlap_at_10=overlap,
-            probes=probes,
-            time_ratio=ratio,
-            time_ratio_upper=upper,
-            aa_time_ratio=aa,
-            timed_batches=timed,
-            errors=errors,
-            dropped=dropped,
-        )
-        return replace(ev, passed_g1=passes_g1(ev, g), passed_g2=passes_g2(ev, g))
+        timings: dict[tuple, list[tuple[float, float, float]]] = defaultdict(list)
+        for *k, a1, b, a2 in self._db.execute(
+            "SELECT release, canonical, hardware, class, canonical_before, shadow, "
+            "canonical_after FROM timings WHERE use_case = ? AND phase = ? ORDER BY rowid",
+            (use_case, phase),
+        ):
+            timings[tuple(k)].append((a1, b, a2))
+        overlaps = {
+            tuple(k): (o, p)
+            for *k, o, p in self._db.execute(
+                "SELECT release, canonical, hardware, overlap, probes FROM overlap "
+                "WHERE use_case = ? AND phase = ?",
+                (use_case, phase),
+            )
+        }
+        out: dict[tuple, StoredRelease] = {}
+        for release, canonical, hardware, cls, *nums in rows:
+            k = (release, canonical, hardware)
+            if k not in out:
+                o, p = overlaps.get(k, (0.0, 0))
+                key = EvidenceKey(use_case, release, canonical, hardware, phase)
+                out[k] = StoredRelease(key, {}, o, p)
+            batches, samples, cmin, csum, low, errors, last, dropped, first, updated = nums
+            out[k].classes[cls] = ClassRow(
+                batches, samples, cmin, csum, json.loads(low), errors, last, dropped,
+                first, updated, timings[(*k, cls)][-MAX_TIMINGS:],
+            )  # fmt: skip
+        for s in out.values():  # classes in their declared order
+            ordered = {c: s.classes[c] for c in NAMES if c in s.classes}
+            s.classes.clear()
+            s.classes.update(ordered)
+        return list(out.values())
 
     def serving(self, case: str) -> str | None:
         row = self._db.execute(
@@ -205,9 +262,11 @@ class EvidenceStore:
 
     def set_serving(self, case: str, serving: str, action: str, forced: bool, reason: str) -> None:
         now = time.time()
-        with self._writing(), transaction(self._db) as db:
-            db.execute("INSERT OR REPLACE INTO case_state VALUES (?, ?, ?)", (case, serving, now))
-            db.execute(
+        with self._writing():
+            self._db.execute(
+                "INSERT OR REPLACE INTO case_state VALUES (?, ?, ?)", (case, serving, now)
+            )
+            self._db.execute(
                 "INSERT INTO history VALUES (?, ?, ?, ?, ?, ?)",
                 (case, now, action, serving, int(forced), reason),
             )
@@ -222,89 +281,3 @@ class EvidenceStore:
             FlipEvent(at, action, serving, bool(forced), reason)
             for at, action, serving, forced, reason in rows
         ]
-
-
-def passes_g1(ev: ReleaseEvidence, g: Gates) -> bool:
-    """G1 agreement: enough compared vectors and probes, every cosine criterion met."""
-    return (
-        ev.samples >= g.min_samples
-        and ev.cosine_min >= g.min_cosine
-        and ev.cosine_mean >= g.mean_cosine
-        and ev.probes >= g.min_probes
-        and ev.overlap_at_10 >= g.min_overlap
-    )
-
-
-def passes_g2(ev: ReleaseEvidence, g: Gates) -> bool:
-    """G2 performance: enough A/B/A-timed batches, the ratio's upper 95% bound in bounds."""
-    return ev.timed_batches >= g.min_timed_batches and ev.time_ratio_upper <= g.max_time_ratio
-
-
-def stable(ev: ReleaseEvidence, g: Gates) -> bool:
-    """What G3 counts: a release that passed G1 and G2 without a single shadow error."""
-    return passes_g1(ev, g) and passes_g2(ev, g) and ev.errors == 0
-
-
-def evaluate_gates(
-    releases: Sequence[ReleaseEvidence],
-    current: str,
-    g: Gates,
-    recorded: Sequence[ReleaseEvidence] = (),
-) -> tuple[tuple[GateResult, ...], bool]:
-    """G1 and G2 on the current shadow release's live evidence; G3 over the releases
-    `recorded` in the committed release history (server.shadow.releases), judged again
-    against today's gates, plus the current release when its live evidence passes now.
-    Releases only this data directory has seen do not count: a history that a fresh data
-    directory forgets is no evidence of stability. Returns the gates and whether the case
-    is flip-eligible (all three pass)."""
-    cur = next((r for r in releases if r.shadow == current), ReleaseEvidence(shadow=current))
-    miss1 = []
-    if cur.samples < g.min_samples:
-        miss1.append(f"{g.min_samples - cur.samples} more compared vectors")
-    if cur.samples and cur.cosine_min < g.min_cosine:
-        miss1.append(f"min cosine >= {g.min_cosine}")
-    if cur.samples and cur.cosine_mean < g.mean_cosine:
-        miss1.append(f"mean cosine >= {g.mean_cosine}")
-    if cur.probes < g.min_probes:
-        miss1.append(f"{g.min_probes - cur.probes} more probe queries")
-    elif cur.overlap_at_10 < g.min_overlap:
-        miss1.append(f"overlap@10 >= {g.min_overlap}")
-    g1 = GateResult(
-        "G1 agreement",
-        cur.passed_g1,
-        f"n={cur.samples} min={cur.cosine_min:.6f} p1={cur.cosine_p1:.6f} "
-        f"mean={cur.cosine_mean:.7f} overlap@10={cur.overlap_at_10:.3f} ({cur.probes} probes)",
-        "; ".join(miss1),
-    )
-    miss2 = []
-    if cur.timed_batches < g.min_timed_batches:
-        miss2.append(f"{g.min_timed_batches - cur.timed_batches} more timed batches")
-    elif cur.time_ratio_upper > g.max_time_ratio:
-        miss2.append(
-            f"time ratio upper bound <= {g.max_time_ratio} "
-            f"(shadow must get {cur.time_ratio_upper / g.max_time_ratio:.2f}x faster)"
-        )
-    g2 = GateResult(
-        "G2 performance",
-        cur.passed_g2,
-        f"ratio={cur.time_ratio:.3f} upper95={cur.time_ratio_upper:.3f} "
-        f"A/A={cur.aa_time_ratio:.3f} over {cur.timed_batches} batches",
-        "; ".join(miss2),
-    )
-    counted = {r.shadow: "recorded" for r in recorded if stable(r, g)}
-    if stable(cur, g):
-        counted.setdefault(cur.shadow, "live")
-    g3_ok = len(counted) >= g.min_releases
-    g3 = GateResult(
-        "G3 stability",
-        g3_ok,
-        f"{len(counted)} of {g.min_releases} releases passed G1+G2 with no errors"
-        + (f" ({', '.join(f'{k} {v}' for k, v in counted.items())})" if counted else "")
-        + f"; {len(recorded)} recorded in the release history",
-        ""
-        if g3_ok
-        else f"{g.min_releases - len(counted)} more passing release(s) recorded "
-        "(`ragplane shadow record-release`)",
-    )
-    gates = (g1, g2, g3)
-    return gates, all(x.passed for x in gates)

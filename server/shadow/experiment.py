@@ -4,8 +4,10 @@ The control has already answered the request (its value is what the caller gets)
 experiment decides whether to sample the call (`run_if`, `sample_rate`) and, if so, hands
 the inputs and the control's observation to a bounded queue. One worker thread runs the
 candidate there, off the request path, builds an immutable `Result` of `Observation`s,
-applies `compare` / `ignore`, and hands it to the publisher. A full queue drops the
-sample and counts it; a candidate that raises becomes an observation with an error.
+applies `compare` / `ignore`, and hands it to the publisher. Nothing offered is lost
+without a count: a full queue drops the sample and counts it; a candidate that raises, or
+whose value `compare` cannot compare (it raises: NaN, a wrong shape or count), becomes an
+observation with that error; a sample the publisher cannot record is counted as dropped.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from core.errors import RagplaneError
@@ -49,7 +51,7 @@ class Result(Generic[T]):
 
 class Publisher(Protocol):
     def publish(self, result: Result[Any]) -> None: ...
-    def dropped(self, experiment: str) -> None: ...
+    def dropped(self, experiment: str, inputs: Any) -> None: ...
 
 
 class Experiment(Generic[T]):
@@ -96,11 +98,14 @@ class Experiment(Generic[T]):
             self._queue.put_nowait((inputs, control))
             return True
         except queue.Full:
-            try:
-                self._publisher.dropped(self.name)
-            except Exception as exc:  # the request answered already; a lost count is not its fault
-                log.warning("experiment %s could not count a dropped sample: %s", self.name, exc)
+            self._drop(inputs)
             return False
+
+    def _drop(self, inputs: Any) -> None:
+        try:
+            self._publisher.dropped(self.name, inputs)
+        except Exception as exc:  # the request answered already; a lost count is not its fault
+            log.warning("experiment %s could not count a dropped sample: %s", self.name, exc)
 
     def drain(self, timeout: float = 30.0) -> None:
         """Wait until every queued sample has been published (tests, shutdown)."""
@@ -126,10 +131,12 @@ class Experiment(Generic[T]):
                 if item is None:
                     return
                 self._run(*item)
-            except RagplaneError as exc:  # a full or read-only disk: this sample only is lost
+            except RagplaneError as exc:  # a full or read-only disk: counted as dropped
                 log.warning("shadow experiment %s could not record a sample: %s", self.name, exc)
-            except Exception:  # the worker must survive anything
+                self._drop(item[0])
+            except Exception:  # the worker must survive anything; the sample is counted
                 log.exception("shadow experiment %s failed to publish", self.name)
+                self._drop(item[0])
             finally:
                 self._queue.task_done()
 
@@ -140,7 +147,10 @@ class Experiment(Generic[T]):
             cand, extra = Observation("candidate", None, exc, 0.0), {}
         comparison, matched = None, False
         if cand.error is None and control.error is None:
-            comparison, matched = self._compare(control.value, cand.value)  # type: ignore[arg-type]
+            try:
+                comparison, matched = self._compare(control.value, cand.value)  # type: ignore[arg-type]
+            except Exception as exc:  # a value that cannot be compared is the candidate's fault
+                cand = replace(cand, error=exc)
         ignored = any(rule(control, cand) for rule in self._ignore)
         self._publisher.publish(
             Result(self.name, inputs, control, (cand,), comparison, matched, ignored, extra)

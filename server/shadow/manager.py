@@ -6,6 +6,11 @@ It is the EmbeddingService's ShadowHook: `serving()` says which embedder answers
 waited on). The experiment's worker embeds the same texts with the other embedder of the
 pair; a share of samples is also timed A/B/A on the same texts — canonical, shadow,
 canonical — so throughput is compared on identical batches with an A/A noise floor.
+
+Every sampled batch ends as evidence: compared, failed (an error the gates see) or dropped
+(counted). Evidence is kept per traffic class and per phase: before a flip the gates
+decide whether the case may flip; after one, the same gates on the evidence since the flip
+(the watch) unflip it by themselves when the serving shadow stops holding them.
 """
 
 from __future__ import annotations
@@ -23,15 +28,31 @@ import numpy as np
 
 from core.errors import FailedPrecondition, InvalidArgument
 from server.embedding.base import Embedder, l2_normalize
+from server.shadow.classes import classify
 from server.shadow.config import PairConfig
-from server.shadow.evidence import EvidenceStore, evaluate_gates
+from server.shadow.evidence import EvidenceKey, EvidenceStore
 from server.shadow.experiment import Experiment, Observation, Result
-from server.shadow.releases import ReleaseHistory
-from server.shadow.types import CaseStatus
+from server.shadow.gates import evaluate_gates, release_evidence, watch_verdict
+from server.shadow.hardware import hardware_class
+from server.shadow.releases import ReleaseHistory, ReleaseRecord, failing_reasons, record_from
+from server.shadow.types import CaseStatus, ReleaseEvidence
 
 log = logging.getLogger(__name__)
 OVERLAP_EVERY = 10  # published samples between overlap@10 measurements
 COMPATIBLE_TTL_S = 1.0  # longest compatible() trusts a G1 it read, without new evidence
+
+
+class ShadowOutputError(ValueError):
+    """The shadow answered, but with vectors that cannot be compared to the canonical's:
+    NaN or infinite values, another dimension, or another number of vectors."""
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """What the experiment carries for one sampled batch: the texts and their class."""
+
+    texts: list[str]
+    cls: str
 
 
 @dataclass
@@ -40,6 +61,10 @@ class _Case:
     canonical: Embedder
     shadow: Embedder
     serving: str
+    hardware: str = ""
+    # the flip now in force was forced by an admin: the watch reports, but does not undo,
+    # what an admin chose against the gates
+    forced: bool = False
     experiment: Experiment | None = None
     probes: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     published: int = 0
@@ -87,7 +112,9 @@ class ShadowManager:
             persisted = store.serving(name)
             declared = shadow.identity if cfg.status == "flipped" else canonical.identity
             serving = persisted if persisted in (canonical.identity, shadow.identity) else declared
-            case = _Case(cfg, canonical, shadow, serving)
+            case = _Case(cfg, canonical, shadow, serving, hardware_class(canonical, shadow))
+            past = store.history(name)
+            case.forced = bool(past) and past[-1].action == "flip" and past[-1].forced
             if cfg.status != "experimental":
                 case.experiment = Experiment(
                     name,
@@ -95,7 +122,7 @@ class ShadowManager:
                     compare=functools.partial(self._compare, min_cosine=cfg.gates.min_cosine),
                     publisher=_Publisher(self, case),
                     sample_rate=cfg.sample_rate,
-                    run_if=lambda _texts: not busy(),
+                    run_if=lambda _batch: not busy(),
                     queue_size=queue_size,
                     rng=random.Random(self._rng.random()),
                     nice=19,
@@ -115,15 +142,31 @@ class ShadowManager:
         vectors: np.ndarray,
         seconds: float,
         embedder: str,
+        tokens: Sequence[int] = (),
     ) -> None:
+        """`tokens`: each text's token count, which puts the batch in its traffic class
+        (counted here with the serving embedder when not given)."""
         case = self.cases.get(use_case)
         if case is None or case.experiment is None:
             return
-        case.experiment.offer(list(texts), Observation(embedder, vectors, None, seconds))
+        cls = classify(tokens) if len(tokens) else None
+        batch = _Batch(list(texts), cls or "")
+        case.experiment.offer(batch, Observation(embedder, vectors, None, seconds))
+
+    def _key(self, case: _Case) -> EvidenceKey:
+        """Where a sample taken now is recorded: the watch while the shadow serves."""
+        phase = "watch" if case.serving == case.shadow.identity else "shadow"
+        return EvidenceKey(
+            case.cfg.use_case, case.shadow.identity, case.canonical.identity, case.hardware, phase
+        )
+
+    def _class_of(self, case: _Case, batch: _Batch) -> str:
+        return batch.cls or classify(case.canonical.count_tokens(batch.texts))
 
     # -- the experiment ------------------------------------------------------------------
 
-    def _candidate(self, case: _Case, texts: list[str], control: Observation):
+    def _candidate(self, case: _Case, batch: _Batch, control: Observation):
+        texts = batch.texts
         other = case.shadow if control.name == case.canonical.identity else case.canonical
         extra: dict = {}
         if self._rng.random() < case.cfg.timing_rate:
@@ -143,48 +186,81 @@ class ShadowManager:
 
     @staticmethod
     def _aba(case: _Case, texts: list[str]):
-        """A/B/A on the very same texts: canonical, shadow, canonical."""
-        t0 = time.perf_counter()
-        case.canonical.embed(texts, normalize=False)
-        t1 = time.perf_counter()
-        shadow_vecs = case.shadow.embed(texts, normalize=False)
-        t2 = time.perf_counter()
-        canon_vecs = case.canonical.embed(texts, normalize=False)
-        t3 = time.perf_counter()
-        return shadow_vecs, canon_vecs, (t1 - t0, t2 - t1, t3 - t2)
+        """A/B/A on the very same texts: canonical, shadow, canonical, each after the
+        case's pause (server.shadow.timing says how the three times are read)."""
+        pause = case.cfg.timing_pause_ms / 1000
+
+        def timed(e: Embedder):
+            if pause:
+                time.sleep(pause)
+            t0 = time.perf_counter()
+            out = e.embed(texts, normalize=False)
+            return out, time.perf_counter() - t0
+
+        _, before = timed(case.canonical)
+        shadow_vecs, shadow_s = timed(case.shadow)
+        canon_vecs, after = timed(case.canonical)
+        return shadow_vecs, canon_vecs, (before, shadow_s, after)
 
     @staticmethod
     def _compare(control: np.ndarray, candidate: np.ndarray, *, min_cosine: float):
-        """Per-row cosine, and whether the batch holds the case's G1 floor."""
-        a, b = l2_normalize(np.asarray(control)), l2_normalize(np.asarray(candidate))
+        """Per-row cosine, and whether the batch holds the case's G1 floor. Raises
+        ShadowOutputError when the two cannot be compared row by row; the experiment
+        records that as the candidate's error."""
+        a, b = np.asarray(control), np.asarray(candidate)
+        if b.ndim != 2 or b.shape[0] != a.shape[0] or b.shape[1:] != a.shape[1:]:
+            raise ShadowOutputError(
+                f"shape {b.shape} where {a.shape} was expected "
+                f"({a.shape[0]} vectors of dim {a.shape[1] if a.ndim == 2 else '?'})"
+            )
+        bad = ~np.isfinite(b).all(axis=1) | ~np.isfinite(a).all(axis=1)
+        if bad.any():
+            raise ShadowOutputError(
+                f"NaN or infinite values in {int(bad.sum())} of {len(b)} vectors"
+            )
+        a, b = l2_normalize(a), l2_normalize(b)
         cos = np.clip(np.sum(a * b, axis=1, dtype=np.float64), -1.0, 1.0)
         return cos, bool(cos.min() >= min_cosine)
 
     def _publish(self, case: _Case, result: Result) -> None:
         case.g1 = None
-        release = case.shadow.identity
+        key, batch = self._key(case), result.inputs
+        cls = self._class_of(case, batch)
         cand = result.candidates[0]
         if cand.error is not None:
-            log.warning(
-                "shadow %s failed on %d texts: %s", cand.name, len(result.inputs), cand.error
-            )
-            self.store.record_error(case.cfg.use_case, release)
+            what = f"{type(cand.error).__name__}: {cand.error}"
+            log.warning("shadow %s failed on %d texts: %s", cand.name, len(batch.texts), what)
+            self.store.record_error(key, cls, what)
+            self._decide(case)
             return
-        self.store.record_agreement(case.cfg.use_case, release, result.comparison.tolist())
+        self.store.record_agreement(key, cls, result.comparison.tolist())
         if "timing" in result.extra:
-            self.store.record_timing(case.cfg.use_case, release, *result.extra["timing"])
+            self.store.record_timing(key, cls, *result.extra["timing"])
         canon, shadow = (
             (result.control.value, cand.value)
             if result.control.name == case.canonical.identity
             else (cand.value, result.control.value)
         )
-        self._add_probes(case, result.inputs, canon, shadow)
+        self._add_probes(case, batch.texts, canon, shadow)
         case.published += 1
         if case.published % OVERLAP_EVERY == 0:
             self.measure_overlap(case.cfg.use_case)
-        if case.cfg.policy == "auto" and case.serving != case.shadow.identity:
+        self._decide(case)
+
+    def _decide(self, case: _Case) -> None:
+        """After each sample: the watch unflips a flipped case whose evidence since the
+        flip fails a gate; `auto` flips an eligible one."""
+        if case.serving == case.shadow.identity:
+            if case.forced:
+                return
+            _, why = watch_verdict(self._watch_evidence(case), case.cfg.gates)
+            if why:
+                self._set_serving(case, case.canonical.identity, "unflip", False, f"watch: {why}")
+            return
+        if case.cfg.policy == "auto":
             st = self._status(case)
             if st.flip_eligible and not self._unflipped(st):
+                self._start_watch(case)
                 self._set_serving(
                     case, case.shadow.identity, "flip", False, "automatic: every gate holds"
                 )
@@ -230,7 +306,7 @@ class ShadowManager:
             top_s = set(np.argpartition(-ss, 10)[:10].tolist())
             total += len(top_c & top_s) / 10
         overlap = total / nq
-        self.store.record_overlap(use_case, case.shadow.identity, overlap, nq)
+        self.store.record_overlap(self._key(case), overlap, nq)
         return overlap
 
     # -- status and flip -----------------------------------------------------------------
@@ -248,12 +324,32 @@ class ShadowManager:
             )
         return case
 
+    def _evidence(self, case: _Case, phase: str) -> tuple[list[ReleaseEvidence], ReleaseEvidence]:
+        """Every stored release of the case in `phase`, and the current one's evidence
+        (the shadow as declared, against this canonical on this hardware class)."""
+        g = case.cfg.gates
+        releases = [release_evidence(s, g) for s in self.store.stored(case.cfg.use_case, phase)]
+        mine = (case.shadow.identity, case.canonical.identity, case.hardware)
+        cur = next(
+            (r for r in releases if (r.shadow, r.canonical, r.hardware) == mine),
+            ReleaseEvidence(shadow=mine[0], canonical=mine[1], hardware=mine[2], phase=phase),
+        )
+        return releases, cur
+
+    def _watch_evidence(self, case: _Case) -> ReleaseEvidence:
+        return self._evidence(case, "watch")[1]
+
+    def _start_watch(self, case: _Case) -> None:
+        """A flip starts a new watch: evidence from an earlier flip does not carry over."""
+        self.store.clear(case.cfg.use_case, case.shadow.identity, "watch")
+
     def _status(self, case: _Case) -> CaseStatus:
         g = case.cfg.gates
-        releases = self.store.releases(case.cfg.use_case, g)
+        releases, cur = self._evidence(case, "shadow")
         recorded = [r.evidence for r in self.history.records(case.cfg.use_case)]
-        gates, eligible = evaluate_gates(releases, case.shadow.identity, g, recorded)
+        gates, eligible = evaluate_gates(cur, g, recorded, case.hardware)
         flipped = case.serving == case.shadow.identity
+        watch = watch_verdict(self._watch_evidence(case), g)[0] if flipped else ()
         return CaseStatus(
             use_case=case.cfg.use_case,
             status="flipped"
@@ -268,6 +364,9 @@ class ShadowManager:
             flip_eligible=eligible,
             releases=tuple(releases),
             history=tuple(self.store.history(case.cfg.use_case)),
+            hardware=case.hardware,
+            kernel=str(getattr(case.shadow, "kernel", "") or ""),
+            watch=watch,
         )
 
     def _unavailable_status(self, name: str) -> CaseStatus:
@@ -300,7 +399,7 @@ class ShadowManager:
         if self._on_flip is not None:
             self._on_flip(case.cfg.use_case, serving)
         self.store.set_serving(case.cfg.use_case, serving, action, forced, reason)
-        case.serving = serving
+        case.serving, case.forced = serving, forced
         log.warning("%s: %s -> %s now answers (%s)", case.cfg.use_case, action, serving, reason)
 
     def flip(self, use_case: str, *, force: bool = False) -> CaseStatus:
@@ -316,6 +415,7 @@ class ShadowManager:
                 f"{use_case} is not flip-eligible: {failing}. Use force to flip anyway"
             )
         reason = "forced by admin" if not st.flip_eligible else "every gate holds"
+        self._start_watch(case)
         self._set_serving(
             case, case.shadow.identity, "flip", force and not st.flip_eligible, reason
         )
@@ -326,6 +426,26 @@ class ShadowManager:
         if case.serving != case.canonical.identity:
             self._set_serving(case, case.canonical.identity, "unflip", False, "admin unflip")
         return self._status(case)
+
+    def record_release(self, use_case: str) -> tuple[ReleaseRecord, bool]:
+        """The live evidence of the case's current shadow release, judged under this
+        server's gates, as an entry of the release history (re-recording a release
+        replaces its entry). Returns the entry and whether it replaced one. Refused
+        (FailedPrecondition, with every reason) when the evidence fails G1 or G2 or had
+        a shadow error: the history holds only releases that passed."""
+        case = self._case(use_case)
+        if self.history.path is None:
+            raise FailedPrecondition("this server has no release history file (koder_toml)")
+        _, cur = self._evidence(case, "shadow")
+        if not cur.batches:
+            raise FailedPrecondition(f"no live evidence for {cur.shadow} yet; send traffic")
+        why = failing_reasons(cur, case.cfg.gates)
+        if why:
+            raise FailedPrecondition(
+                f"{cur.shadow} is not recorded: under this server's gates " + "; ".join(why)
+            )
+        rec = record_from(use_case, cur, case.cfg.gates)
+        return rec, self.history.record(rec)
 
     def compatible(self, a: str, b: str) -> bool:
         """True when vectors of `a` and `b` may be mixed: the same embedder, or a declared
@@ -361,5 +481,6 @@ class _Publisher:
     def publish(self, result: Result) -> None:
         self._m._publish(self._case, result)
 
-    def dropped(self, experiment: str) -> None:
-        self._m.store.record_drop(experiment, self._case.shadow.identity)
+    def dropped(self, experiment: str, inputs: _Batch) -> None:
+        case = self._case
+        self._m.store.record_drop(self._m._key(case), self._m._class_of(case, inputs))

@@ -25,23 +25,27 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InvalidArgument
+from server.shadow.classes import NAMES
 from server.shadow.config import Gates
-from server.shadow.evidence import passes_g1, passes_g2, stable
-from server.shadow.types import ReleaseEvidence
+from server.shadow.gates import judge, passes_g1, passes_g2, stable
+from server.shadow.types import ClassEvidence, ReleaseEvidence
 
 FILE_NAME = "self-hosted-releases.json"
 FORMAT = 1
 ABOUT = (
     "Evidence per shadow release, one entry per name@version and case-of-use, written by "
-    "`ragplane shadow record-release` from a running server's ShadowStatus. G3 counts the "
-    "entries that pass G1 and G2 (judged again against koder.toml's gates) with no errors. "
-    "Commit this file with each release."
+    "the server that measured it (`ragplane shadow record-release`, which asks it to), under "
+    "that server's gates. G3 counts an entry only when it was measured against the canonical "
+    "and on the hardware class of the decision at hand, over the minimum shadow time and "
+    "batches, and passes G1 and G2 per traffic class (judged again against koder.toml's "
+    "gates) with no errors. Commit this file with each release."
 )
-# the numbers of an entry's "evidence" object, each with the type it is read back as
-_NUMBERS = {
-    f.name: {"int": int, "float": float}[str(f.type)]
-    for f in fields(ReleaseEvidence)
-    if f.name not in ("shadow", "passed_g1", "passed_g2")
+_KINDS = {"int": int, "float": float}
+# the numbers of an entry's "evidence" object and of each of its classes, with the type
+# each is read back as (an entry from before a number existed reads it as 0)
+_NUMBERS = {f.name: _KINDS[str(f.type)] for f in fields(ReleaseEvidence) if str(f.type) in _KINDS}
+_CLASS_NUMBERS = {
+    f.name: _KINDS[str(f.type)] for f in fields(ClassEvidence) if str(f.type) in _KINDS
 }
 
 
@@ -52,6 +56,7 @@ class ReleaseRecord:
     use_case: str
     evidence: ReleaseEvidence  # passed_g1 / passed_g2 as judged when recorded
     canonical: str  # name@version it was compared against
+    hardware: str  # the hardware class it was measured on (server.shadow.hardware)
     recorded_at: str  # UTC, ISO 8601
     machine: str  # cores, CPU model, OS of the measuring machine
     gates: Gates  # the thresholds in force when recorded
@@ -62,10 +67,13 @@ class ReleaseRecord:
 
     def to_json(self) -> dict[str, Any]:
         ev = dataclasses.asdict(self.evidence)
+        for k in ("canonical", "hardware", "phase", "last_error"):
+            ev.pop(k)
         return {
             "use_case": self.use_case,
             "shadow": ev.pop("shadow"),
             "canonical": self.canonical,
+            "hardware": self.hardware,
             "recorded_at": self.recorded_at,
             "machine": self.machine,
             "evidence": ev,
@@ -76,18 +84,31 @@ class ReleaseRecord:
     def from_json(cls, data: dict[str, Any], where: str) -> ReleaseRecord:
         try:
             ev = data["evidence"]
+            classes = tuple(
+                ClassEvidence(
+                    name=str(c["name"]),
+                    **{k: kind(c.get(k, 0)) for k, kind in _CLASS_NUMBERS.items()},
+                    **{k: bool(c.get(k, False)) for k in ("carried", "passed_g1", "passed_g2")},
+                )
+                for c in ev.get("classes", [])
+                if c.get("name") in NAMES
+            )
             evidence = ReleaseEvidence(
                 shadow=str(data["shadow"]),
-                **{k: kind(ev[k]) for k, kind in _NUMBERS.items()},
+                **{k: kind(ev.get(k, 0)) for k, kind in _NUMBERS.items()},
                 passed_g1=bool(ev.get("passed_g1", False)),
                 passed_g2=bool(ev.get("passed_g2", False)),
+                canonical=str(data.get("canonical", "")),
+                hardware=str(data.get("hardware", "")),
+                classes=classes,
             )
             known = {f.name for f in fields(Gates)}
             gates = Gates(**{k: v for k, v in data.get("gates", {}).items() if k in known})
             return cls(
                 use_case=str(data["use_case"]),
                 evidence=evidence,
-                canonical=str(data.get("canonical", "")),
+                canonical=evidence.canonical,
+                hardware=evidence.hardware,
                 recorded_at=str(data.get("recorded_at", "")),
                 machine=str(data.get("machine", "")),
                 gates=gates,
@@ -115,17 +136,43 @@ def machine_description() -> str:
     return f"{os.cpu_count()} cores, {cpu}, {platform.system()} {platform.release()}"
 
 
+def failing_reasons(ev: ReleaseEvidence, g: Gates) -> list[str]:
+    """Why `ev` would not count for G3 under the gates `g`, with the numbers."""
+    out = []
+    if not passes_g1(ev, g):
+        out.append(
+            f"G1: n={ev.samples} (>= {g.min_samples}), min cos {ev.cosine_min:.7f} "
+            f"(>= {g.min_cosine}), mean {ev.cosine_mean:.7f} (>= {g.mean_cosine}) in every "
+            f"class carrying >= {g.min_class_share:.0%} of batches, overlap@10 "
+            f"{ev.overlap_at_10:.3f} over {ev.probes} probes "
+            f"(>= {g.min_overlap} over >= {g.min_probes})"
+        )
+    if not passes_g2(ev, g):
+        classes = ", ".join(
+            f"{c.name} {c.time_ratio_upper:.3f} (A/A {c.aa_time_ratio:.3f}, "
+            f"{c.timed_batches} batches)"
+            for c in ev.classes
+            if c.carried
+        )
+        out.append(
+            f"G2: upper 95% <= {g.max_time_ratio} with A/A within {g.max_aa_ratio} over "
+            f">= {g.min_timed_batches} timed batches in every carried class: {classes or 'none'}"
+        )
+    if ev.errors:
+        out.append(f"{ev.errors} shadow error(s) (last: {ev.last_error})")
+    return out
+
+
 def record_from(
-    use_case: str, evidence: ReleaseEvidence, canonical: str, gates: Gates, machine: str = ""
+    use_case: str, evidence: ReleaseEvidence, gates: Gates, machine: str = ""
 ) -> ReleaseRecord:
     """An entry for `evidence`, its G1/G2 judged against `gates` now."""
-    ev = dataclasses.replace(
-        evidence, passed_g1=passes_g1(evidence, gates), passed_g2=passes_g2(evidence, gates)
-    )
+    ev = judge(evidence, gates)
     return ReleaseRecord(
         use_case=use_case,
         evidence=ev,
-        canonical=canonical,
+        canonical=ev.canonical,
+        hardware=ev.hardware,
         recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         machine=machine or machine_description(),
         gates=gates,
@@ -172,7 +219,7 @@ class ReleaseHistory:
 
     def counted(self, use_case: str, gates: Gates) -> list[str]:
         """The recorded releases of `use_case` that G3 counts under `gates`."""
-        return [r.shadow for r in self.records(use_case) if stable(r.evidence, gates)]
+        return [r.shadow for r in self.records(use_case) if stable(judge(r.evidence, gates), gates)]
 
     def record(self, rec: ReleaseRecord) -> bool:
         """Add `rec`, replacing the entry of the same case and release if there is one
@@ -211,15 +258,18 @@ def render_markdown(records: list[ReleaseRecord], gates_of: dict[str, Gates]) ->
     if not records:
         return [f"No release recorded in `{FILE_NAME}` yet (`ragplane shadow record-release`)."]
     lines = [
-        "| case | release | recorded | machine | samples | cos min | cos mean | overlap@10 "
-        "(probes) | time ratio | upper 95% | timed batches | errors | G1 | G2 | G3 counts |",
-        "|" + " --- |" * 15,
+        "| case | release | canonical | hardware | recorded | machine | shadow hours | "
+        "batches | samples | cos min | cos mean | overlap@10 (probes) | time ratio | "
+        "upper 95% | timed batches | errors | G1 | G2 | passes today |",
+        "|" + " --- |" * 19,
     ]
     for r in records:
-        e, g = r.evidence, gates_of.get(r.use_case)
+        g = gates_of.get(r.use_case)
+        e = judge(r.evidence, g) if g else r.evidence
         counts = ("yes" if stable(e, g) else "no") if g else "(case not declared)"
         lines.append(
-            f"| {r.use_case} | {r.shadow} | {r.recorded_at} | {r.machine} | {e.samples} | "
+            f"| {r.use_case} | {r.shadow} | {r.canonical} | {r.hardware or '(not recorded)'} | "
+            f"{r.recorded_at} | {r.machine} | {e.seconds / 3600:.1f} | {e.batches} | {e.samples} | "
             f"{e.cosine_min:.7f} | {e.cosine_mean:.7f} | {e.overlap_at_10:.3f} ({e.probes}) | "
             f"{e.time_ratio:.3f} | {e.time_ratio_upper:.3f} | {e.timed_batches} | {e.errors} | "
             f"{'pass' if e.passed_g1 else 'fail'} | {'pass' if e.passed_g2 else 'fail'} | "

@@ -14,8 +14,31 @@ class GateResult:
 
 
 @dataclass(frozen=True)
+class ClassEvidence:
+    """The evidence of one traffic class (server.shadow.classes) of one release."""
+
+    name: str  # short | medium | window
+    batches: int = 0  # sampled batches of this class (compared, failed or dropped)
+    share: float = 0.0  # of all sampled batches of the release
+    samples: int = 0  # vectors compared
+    cosine_min: float = 0.0
+    cosine_mean: float = 0.0
+    time_ratio: float = 0.0
+    time_ratio_upper: float = 0.0
+    aa_time_ratio: float = 0.0
+    timed_batches: int = 0
+    errors: int = 0
+    dropped: int = 0
+    carried: bool = False  # share >= the gates' min_class_share: must hold G1 and G2
+    passed_g1: bool = False
+    passed_g2: bool = False
+
+
+@dataclass(frozen=True)
 class ReleaseEvidence:
-    """Evidence for one shadow release (name@version) of one case-of-use."""
+    """Evidence for one shadow release (name@version) of one case-of-use, measured against
+    one canonical on one hardware class. The numbers at the top pool every class; the
+    gates judge `classes`."""
 
     shadow: str
     samples: int = 0  # vectors compared
@@ -32,6 +55,13 @@ class ReleaseEvidence:
     dropped: int = 0
     passed_g1: bool = False
     passed_g2: bool = False
+    canonical: str = ""  # name@version it was compared against
+    hardware: str = ""  # e.g. "cpu x86_64 avx512", "gpu NVIDIA H200" (server.shadow.hardware)
+    phase: str = "shadow"  # shadow: before a flip | watch: since the last flip
+    seconds: float = 0.0  # real shadow time: first to last observation
+    batches: int = 0  # sampled batches, every class
+    last_error: str = ""  # what the latest shadow error was
+    classes: tuple[ClassEvidence, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -57,3 +87,8 @@ class CaseStatus:
     releases: tuple[ReleaseEvidence, ...] = ()
     history: tuple[FlipEvent, ...] = field(default_factory=tuple)
     reason: str = ""  # why the declared shadow does not run (status unavailable)
+    hardware: str = ""  # the hardware class of this decision
+    kernel: str = ""  # the kernel the shadow (embedder_rs) chose, e.g. avx512, avx2, wgpu
+    # after a flip: the same gates on the evidence since the flip, which unflip the case
+    # by themselves when one fails
+    watch: tuple[GateResult, ...] = ()

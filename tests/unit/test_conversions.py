@@ -122,8 +122,20 @@ def test_fusion_unset_fields_take_defaults():
 
 def test_memory_round_trip():
     m = Memory(
-        "m1", "ns", "text", {"k": "v"}, 0.75, 10.0, 20.0, 0.0, 0.5, 0.25, 0.125,
-        dense=0.5, lexical=3.0, fused=None,
+        "m1",
+        "ns",
+        "text",
+        {"k": "v"},
+        0.75,
+        10.0,
+        20.0,
+        0.0,
+        0.5,
+        0.25,
+        0.125,
+        dense=0.5,
+        lexical=3.0,
+        fused=None,
     )
     assert conv.memory_from_pb(conv.memory_to_pb(m)) == m
     dense_only = Memory("m2", "ns", "t", {}, 0.5, 1.0, 2.0, 3.0, 0.5, 0.5, 0.5, dense=0.5)
@@ -140,3 +152,29 @@ def test_unknown_enums_are_invalid_argument(bad):
         conv.search_mode_from_pb(bad)
     with pytest.raises(InvalidArgument, match="fusion.method"):
         conv.fusion_from_pb(common_pb2.Fusion(method=bad))
+
+
+def test_shadow_case_round_trip_with_classes_and_watch():
+    from server.shadow.types import (
+        CaseStatus,
+        ClassEvidence,
+        FlipEvent,
+        GateResult,
+        ReleaseEvidence,
+    )
+
+    cls = ClassEvidence("window", 7, 0.25, 70, 0.9999, 0.99999, 1.02, 1.04, 1.01, 31, 1, 2,
+                        True, False, True)  # fmt: skip
+    rel = ReleaseEvidence(
+        "rs@2", 9, 0.9999, 0.99991, 0.99999, 0.98, 40, 0.9, 0.95, 1.0, 33, 1, 2, True, False,
+        canonical="onnx@1", hardware="cpu x86_64 avx2", phase="watch", seconds=12.5,
+        batches=28, last_error="ShadowOutputError: NaN", classes=(cls,),
+    )  # fmt: skip
+    case = CaseStatus(
+        "embeddings", "flipped", "auto", 0.1, "onnx@1", "rs@2", "rs@2",
+        gates=(GateResult("G1 agreement", True, "n=9", ""),), flip_eligible=True,
+        releases=(rel,), history=(FlipEvent(1.5, "flip", "rs@2", False, "every gate"),),
+        hardware="cpu x86_64 avx2", kernel="avx2",
+        watch=(GateResult("watch G2", False, "v", "window: slow"),),
+    )  # fmt: skip
+    assert conv.shadow_case_from_pb(conv.shadow_case_to_pb(case)) == case

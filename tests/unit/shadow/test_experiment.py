@@ -18,7 +18,7 @@ class FakePublisher:
     def publish(self, result) -> None:
         self.results.append(result)
 
-    def dropped(self, experiment: str) -> None:
+    def dropped(self, experiment: str, inputs) -> None:
         self.drops += 1
 
 
@@ -90,3 +90,38 @@ def test_candidate_error_is_an_observation_and_ignore_rules_apply():
     e.close()
     (r,) = pub.results
     assert isinstance(r.candidates[0].error, RuntimeError) and not r.matched and r.ignored
+
+
+def test_a_value_compare_cannot_compare_is_the_candidates_error():
+    pub = FakePublisher()
+
+    def strict(a, b):
+        if b is None:
+            raise ValueError("nothing to compare")
+        return a == b, a == b
+
+    e = Experiment(
+        "t",
+        candidate=lambda i, c: (Observation("c", None, None, 0.0), {}),
+        compare=strict,
+        publisher=pub,
+    )
+    e.offer(1, Observation("control", 1, None, 0))
+    e.drain()
+    e.close()
+    (r,) = pub.results
+    assert isinstance(r.candidates[0].error, ValueError) and r.comparison is None
+
+
+def test_a_result_the_publisher_cannot_take_is_counted_as_dropped():
+    class Failing(FakePublisher):
+        def publish(self, result) -> None:
+            raise RuntimeError("store broke")
+
+    pub = Failing()
+    e = make(pub, lambda i, c: (Observation("c", i, None, 0), {}))
+    for i in range(3):
+        e.offer(i, Observation("control", i, None, 0))
+    e.drain()
+    e.close()
+    assert pub.drops == 3

@@ -109,7 +109,14 @@ def test_timings_run_at_the_managers_priority_not_the_niced_workers(tmp_path):
 def test_auto_flips_once_and_an_admin_unflip_sticks(tmp_path):
     canonical, shadow = FakeEmbedder(), FakeEmbedder(version="2")
     gates = Gates(
-        min_samples=20, min_probes=5, min_timed_batches=5, max_time_ratio=1e9, min_releases=1
+        min_samples=20,
+        min_probes=5,
+        min_timed_batches=5,
+        max_time_ratio=1e9,
+        max_aa_ratio=1e9,
+        min_releases=1,
+        min_release_hours=0,
+        min_release_batches=0,
     )
     cfg = PairConfig(
         "embeddings", "fake", "fake", sample_rate=1.0, timing_rate=1.0, policy="auto", gates=gates

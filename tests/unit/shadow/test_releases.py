@@ -16,13 +16,30 @@ from core.errors import InvalidArgument
 from server.shadow import config
 from server.shadow.config import Gates, discover_koder_toml
 from server.shadow.releases import FILE_NAME, ReleaseHistory, history_beside, record_from
-from server.shadow.types import ReleaseEvidence
+from server.shadow.types import ClassEvidence, ReleaseEvidence
 from testkit.harness import ROOT
 
 G = Gates(min_samples=100, min_probes=20, min_timed_batches=30)
 
 
-def evidence(shadow: str, *, upper: float = 1.01, errors: int = 0, samples: int = 500):
+def evidence(
+    shadow: str, *, upper: float = 1.01, errors: int = 0, samples: int = 500, canonical="onnx@1"
+):
+    classes = (
+        ClassEvidence(
+            name="short",
+            batches=120,
+            share=1.0,
+            samples=samples,
+            cosine_min=0.9999999,
+            cosine_mean=0.99999999,
+            time_ratio=upper - 0.02,
+            time_ratio_upper=upper,
+            aa_time_ratio=1.0,
+            timed_batches=40,
+            errors=errors,
+        ),
+    )
     return ReleaseEvidence(
         shadow=shadow,
         samples=samples,
@@ -36,34 +53,57 @@ def evidence(shadow: str, *, upper: float = 1.01, errors: int = 0, samples: int 
         aa_time_ratio=1.0,
         timed_batches=40,
         errors=errors,
+        canonical=canonical,
+        hardware="cpu x86_64 avx2",
+        seconds=90_000.0,
+        batches=120,
+        classes=classes,
     )
 
 
 def test_record_round_trips_and_a_version_is_never_duplicated(tmp_path):
     h = ReleaseHistory(tmp_path / FILE_NAME)
     assert h.records() == []  # no file yet: an empty history
-    first = record_from("embeddings", evidence("embedder_rs@0.1.0"), "onnx@1", G, "2 cores")
+    first = record_from("embeddings", evidence("embedder_rs@0.1.0"), G, "2 cores")
     assert h.record(first) is False
-    h.record(record_from("embeddings", evidence("embedder_rs@0.2.0", upper=1.3), "onnx@1", G))
-    again = record_from("embeddings", evidence("embedder_rs@0.1.0", samples=900), "onnx@1", G)
+    h.record(record_from("embeddings", evidence("embedder_rs@0.2.0", upper=1.3), G))
+    again = record_from("embeddings", evidence("embedder_rs@0.1.0", samples=900), G)
     assert h.record(again) is True  # re-recording replaces
     got = ReleaseHistory(tmp_path / FILE_NAME).records("embeddings")
     assert [r.shadow for r in got] == ["embedder_rs@0.2.0", "embedder_rs@0.1.0"]
     assert got[1].evidence.samples == 900 and got[1].canonical == "onnx@1"
+    assert got[1].hardware == "cpu x86_64 avx2" and got[1].evidence.seconds == 90_000.0
     assert got[1].evidence.passed_g1 and got[1].evidence.passed_g2
+    assert got[1].evidence.classes == again.evidence.classes  # per class, as judged
     assert not got[0].evidence.passed_g2 and got[0].gates == G
     # people read and review it: plain JSON, one entry per release
     data = json.loads((tmp_path / FILE_NAME).read_text())
     assert [r["shadow"] for r in data["releases"]] == ["embedder_rs@0.2.0", "embedder_rs@0.1.0"]
     assert data["releases"][1]["evidence"]["time_ratio_upper"] == pytest.approx(1.01)
+    assert data["releases"][1]["evidence"]["classes"][0]["name"] == "short"
+
+
+def test_an_entry_from_before_classes_reads_and_never_passes(tmp_path):
+    """The entries recorded before per-class evidence (no classes, hardware or shadow
+    time) still parse, and no gate counts them."""
+    old = {
+        "use_case": "embeddings",
+        "shadow": "embedder_rs@0.2.0",
+        "canonical": "onnx@1.32.0",
+        "evidence": {"samples": 1136, "cosine_min": 0.99999, "time_ratio_upper": 0.88},
+    }
+    (tmp_path / FILE_NAME).write_text(json.dumps({"releases": [old]}))
+    (r,) = ReleaseHistory(tmp_path / FILE_NAME).records()
+    assert r.hardware == "" and r.evidence.classes == () and r.evidence.seconds == 0.0
+    assert ReleaseHistory(tmp_path / FILE_NAME).counted("embeddings", G) == []
 
 
 def test_counted_rejudges_against_the_gates_and_skips_errors(tmp_path):
     h = ReleaseHistory(tmp_path / FILE_NAME)
-    h.record(record_from("embeddings", evidence("rs@1"), "c@1", G))
-    h.record(record_from("embeddings", evidence("rs@2", errors=1), "c@1", G))
-    h.record(record_from("embeddings", evidence("rs@3", upper=1.2), "c@1", G))
-    h.record(record_from("other", evidence("rs@4"), "c@1", G))
+    h.record(record_from("embeddings", evidence("rs@1"), G))
+    h.record(record_from("embeddings", evidence("rs@2", errors=1), G))
+    h.record(record_from("embeddings", evidence("rs@3", upper=1.2), G))
+    h.record(record_from("other", evidence("rs@4"), G))
     assert h.counted("embeddings", G) == ["rs@1"]
     assert h.counted("embeddings", Gates(min_samples=1000)) == []  # stricter gates today
 
@@ -72,9 +112,9 @@ def test_history_sees_a_new_record_without_a_restart(tmp_path):
     path = tmp_path / FILE_NAME
     reader = ReleaseHistory(path)
     assert reader.records() == []
-    ReleaseHistory(path).record(record_from("embeddings", evidence("rs@1"), "c@1", G))
+    ReleaseHistory(path).record(record_from("embeddings", evidence("rs@1"), G))
     assert [r.shadow for r in reader.records()] == ["rs@1"]
-    ReleaseHistory(path).record(record_from("embeddings", evidence("rs@2"), "c@1", G))
+    ReleaseHistory(path).record(record_from("embeddings", evidence("rs@2"), G))
     assert [r.shadow for r in reader.records()] == ["rs@1", "rs@2"]
 
 

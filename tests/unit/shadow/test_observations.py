@@ -1,0 +1,205 @@
+"""Every sampled batch ends as evidence: a shadow that gives NaN, another dimension,
+another number of vectors, or raises, is counted as an error that fails the gates, never
+logged and dropped; a sample that cannot be recorded is counted as dropped. After a flip,
+the watch unflips a serving shadow that gets slow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.errors import StorageFull
+from server.embedding.fake import FakeEmbedder
+from server.shadow.config import Gates, PairConfig
+from server.shadow.evidence import EvidenceStore
+from server.shadow.manager import ShadowManager
+
+LAX = Gates(
+    min_samples=10,
+    min_probes=5,
+    min_timed_batches=6,
+    max_aa_ratio=1e9,
+    min_releases=1,
+    min_release_hours=0,
+    min_release_batches=0,
+)
+
+
+class Broken(FakeEmbedder):
+    """A shadow whose output is wrong in one way."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__(version="2")
+        self.how = how
+
+    def embed(self, texts, normalize=True):
+        out = super().embed(texts, normalize)
+        if self.how == "nan":
+            out[len(out) // 2, 3] = np.nan
+        elif self.how == "inf":
+            out[0, 0] = np.inf
+        elif self.how == "dim":
+            out = out[:, :-1]
+        elif self.how == "count":
+            out = out[:-1]
+        elif self.how == "raises":
+            raise RuntimeError("the shadow's backend fell over")
+        return out
+
+
+def manager(tmp_path, shadow, canonical=None, **cfg):
+    canonical = canonical or FakeEmbedder()
+    gates = cfg.pop("gates", LAX)
+    pair = PairConfig("embeddings", "fake", "fake", sample_rate=1.0, gates=gates, **cfg)
+    store = EvidenceStore(tmp_path / "shadow.db")
+    m = ShadowManager({"embeddings": pair}, canonical, {"embeddings": shadow}, store)
+    m.embedders = {e.identity: e for e in (canonical, shadow)}
+    return m, canonical
+
+
+def send(m, canonical, n: int, words: int = 4) -> None:
+    """`n` batches answered by whichever embedder serves, offered to the shadow."""
+    for i in range(n):
+        texts = [f"text {i} {j} " + "word " * words for j in range(4)]
+        serving = m.embedders[m.serving("embeddings")]
+        m.observe(
+            "embeddings",
+            texts,
+            serving.embed(texts, normalize=False),
+            0.01,
+            serving.identity,
+            canonical.count_tokens(texts),
+        )
+        m.drain()
+
+
+@pytest.mark.parametrize(
+    "how,message",
+    [
+        ("nan", "NaN or infinite values in 1 of 4 vectors"),
+        ("inf", "NaN or infinite values in 1 of 4 vectors"),
+        ("dim", "shape (4, 63) where (4, 64) was expected"),
+        ("count", "shape (3, 64) where (4, 64) was expected"),
+        ("raises", "RuntimeError: the shadow's backend fell over"),
+    ],
+)
+def test_every_bad_shadow_output_is_counted_and_fails_the_gates(tmp_path, how, message):
+    m, canonical = manager(tmp_path, Broken(how))
+    try:
+        send(m, canonical, 8)
+        (st,) = m.status()
+        (rel,) = st.releases
+        assert rel.errors == 8 and rel.batches == 8 and rel.dropped == 0  # none vanished
+        assert message in rel.last_error
+        g1 = st.gates[0]
+        assert not g1.passed and "no shadow errors (8; last: " in g1.missing
+        assert not st.flip_eligible and not st.gates[2].passed
+    finally:
+        m.close()
+
+
+def test_a_bad_batch_among_good_ones_still_fails_g1(tmp_path):
+    class Sometimes(Broken):
+        calls = 0
+
+        def embed(self, texts, normalize=True):
+            self.calls += 1
+            self.how = "nan" if self.calls == 5 else ""
+            return super().embed(texts, normalize)
+
+    m, canonical = manager(tmp_path, Sometimes(""))
+    try:
+        send(m, canonical, 20)
+        (st,) = m.status()
+        (rel,) = st.releases
+        assert rel.errors == 1 and rel.batches == 20 and rel.samples == 19 * 4
+        assert not st.gates[0].passed
+    finally:
+        m.close()
+
+
+def test_a_sample_that_cannot_be_recorded_is_counted_as_dropped(tmp_path, monkeypatch):
+    m, canonical = manager(tmp_path, FakeEmbedder(version="2"))
+    try:
+        real = m.store.record_agreement
+
+        def full(*a, **kw):
+            raise StorageFull("the disk of the data directory is full")
+
+        monkeypatch.setattr(m.store, "record_agreement", full)
+        send(m, canonical, 3)
+        monkeypatch.setattr(m.store, "record_agreement", real)
+        send(m, canonical, 2)
+        (rel,) = m.status()[0].releases
+        assert rel.dropped == 3 and rel.samples == 2 * 4
+    finally:
+        m.close()
+
+
+class Slowable(FakeEmbedder):
+    """The shadow, whose speed the test turns down after the flip."""
+
+    def __init__(self) -> None:
+        super().__init__(version="2")
+        self.delay_s = 0.001
+
+
+def test_the_watch_unflips_a_shadow_that_got_slow_after_the_flip(tmp_path):
+    canonical = FakeEmbedder(delay_s=0.002)
+    shadow = Slowable()
+    gates = Gates(**{**LAX.__dict__, "max_aa_ratio": 1.5})
+    m, _ = manager(tmp_path, shadow, canonical, gates=gates, timing_rate=1.0, policy="auto")
+    try:
+        send(m, canonical, 20)
+        (st,) = m.status()
+        assert st.serving == "fake@2", [g.missing for g in st.gates]  # flipped by itself
+        assert st.history[-1].reason == "automatic: every gate holds"
+        send(m, canonical, 3)
+        assert m.serving("embeddings") == "fake@2"  # the watch holds while it is fast
+        shadow.delay_s = 0.006  # now 3x the canonical
+        send(m, canonical, 12)
+        (st,) = m.status()
+        assert st.serving == "fake@1"
+        last = st.history[-1]
+        assert last.action == "unflip" and not last.forced
+        assert last.reason.startswith("watch: short: time ratio upper bound")
+        send(m, canonical, 5)
+        assert m.serving("embeddings") == "fake@1"  # auto does not flip the same release back
+    finally:
+        m.close()
+
+
+def test_the_watch_unflips_on_an_error_and_a_new_flip_starts_a_new_watch(tmp_path):
+    shadow = Broken("")
+    gates = Gates(**{**LAX.__dict__, "max_time_ratio": 1e9, "max_aa_ratio": 1e9})
+    m, canonical = manager(tmp_path, shadow, gates=gates, timing_rate=1.0)
+    try:
+        send(m, canonical, 12)
+        m.flip("embeddings")  # every gate holds
+        send(m, canonical, 2)
+        (st,) = m.status()
+        assert st.serving == "fake@2" and [g.name for g in st.watch] == ["watch G1", "watch G2"]
+        shadow.how = "nan"
+        send(m, canonical, 1)
+        (st,) = m.status()
+        assert st.serving == "fake@1" and "watch: 1 shadow error(s)" in st.history[-1].reason
+        shadow.how = ""
+        m.flip("embeddings")  # the old watch's error does not unflip this one
+        send(m, canonical, 2)
+        assert m.serving("embeddings") == "fake@2"
+    finally:
+        m.close()
+
+
+def test_the_watch_reports_but_does_not_undo_a_forced_flip(tmp_path):
+    shadow = Broken("")
+    m, canonical = manager(tmp_path, shadow)
+    try:
+        m.flip("embeddings", force=True)  # no evidence at all: the admin's call
+        shadow.how = "nan"
+        send(m, canonical, 2)
+        (st,) = m.status()
+        assert st.serving == "fake@2" and not st.watch[0].passed
+        assert "2 shadow error(s)" in st.watch[0].missing
+    finally:
+        m.close()
