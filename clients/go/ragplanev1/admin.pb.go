@@ -755,6 +755,13 @@ type ReleaseEvidence struct {
 	PassedG2       bool                   `protobuf:"varint,13,opt,name=passed_g2,json=passedG2,proto3" json:"passed_g2,omitempty"`
 	Probes         int64                  `protobuf:"varint,14,opt,name=probes,proto3" json:"probes,omitempty"`                                 // probe queries behind overlap_at_10
 	TimedBatches   int64                  `protobuf:"varint,15,opt,name=timed_batches,json=timedBatches,proto3" json:"timed_batches,omitempty"` // A/B/A-timed batches behind time_ratio
+	Canonical      string                 `protobuf:"bytes,16,opt,name=canonical,proto3" json:"canonical,omitempty"`                            // name@version it was compared against
+	Hardware       string                 `protobuf:"bytes,17,opt,name=hardware,proto3" json:"hardware,omitempty"`                              // e.g. "cpu x86_64 avx512", "gpu NVIDIA H200"
+	Phase          string                 `protobuf:"bytes,18,opt,name=phase,proto3" json:"phase,omitempty"`                                    // shadow: before a flip | watch: since the last flip
+	Seconds        float64                `protobuf:"fixed64,19,opt,name=seconds,proto3" json:"seconds,omitempty"`                              // real shadow time, first to last observation
+	Batches        int64                  `protobuf:"varint,20,opt,name=batches,proto3" json:"batches,omitempty"`                               // sampled batches (compared, failed or dropped)
+	LastError      string                 `protobuf:"bytes,21,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`           // the latest shadow error, if any
+	Classes        []*ClassEvidence       `protobuf:"bytes,22,rep,name=classes,proto3" json:"classes,omitempty"`                                // the gates judge these, not the pooled numbers
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -894,6 +901,212 @@ func (x *ReleaseEvidence) GetTimedBatches() int64 {
 	return 0
 }
 
+func (x *ReleaseEvidence) GetCanonical() string {
+	if x != nil {
+		return x.Canonical
+	}
+	return ""
+}
+
+func (x *ReleaseEvidence) GetHardware() string {
+	if x != nil {
+		return x.Hardware
+	}
+	return ""
+}
+
+func (x *ReleaseEvidence) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *ReleaseEvidence) GetSeconds() float64 {
+	if x != nil {
+		return x.Seconds
+	}
+	return 0
+}
+
+func (x *ReleaseEvidence) GetBatches() int64 {
+	if x != nil {
+		return x.Batches
+	}
+	return 0
+}
+
+func (x *ReleaseEvidence) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *ReleaseEvidence) GetClasses() []*ClassEvidence {
+	if x != nil {
+		return x.Classes
+	}
+	return nil
+}
+
+// The evidence of one traffic class (by the longest text of a batch, in tokens).
+type ClassEvidence struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Name           string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // short | medium | window
+	Batches        int64                  `protobuf:"varint,2,opt,name=batches,proto3" json:"batches,omitempty"`
+	Share          float64                `protobuf:"fixed64,3,opt,name=share,proto3" json:"share,omitempty"` // of the release's sampled batches
+	Samples        int64                  `protobuf:"varint,4,opt,name=samples,proto3" json:"samples,omitempty"`
+	CosineMin      float64                `protobuf:"fixed64,5,opt,name=cosine_min,json=cosineMin,proto3" json:"cosine_min,omitempty"`
+	CosineMean     float64                `protobuf:"fixed64,6,opt,name=cosine_mean,json=cosineMean,proto3" json:"cosine_mean,omitempty"`
+	TimeRatio      float64                `protobuf:"fixed64,7,opt,name=time_ratio,json=timeRatio,proto3" json:"time_ratio,omitempty"`
+	TimeRatioUpper float64                `protobuf:"fixed64,8,opt,name=time_ratio_upper,json=timeRatioUpper,proto3" json:"time_ratio_upper,omitempty"`
+	AaTimeRatio    float64                `protobuf:"fixed64,9,opt,name=aa_time_ratio,json=aaTimeRatio,proto3" json:"aa_time_ratio,omitempty"`
+	TimedBatches   int64                  `protobuf:"varint,10,opt,name=timed_batches,json=timedBatches,proto3" json:"timed_batches,omitempty"`
+	Errors         int64                  `protobuf:"varint,11,opt,name=errors,proto3" json:"errors,omitempty"`
+	Dropped        int64                  `protobuf:"varint,12,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	Carried        bool                   `protobuf:"varint,13,opt,name=carried,proto3" json:"carried,omitempty"` // enough of the traffic that G1 and G2 must hold here
+	PassedG1       bool                   `protobuf:"varint,14,opt,name=passed_g1,json=passedG1,proto3" json:"passed_g1,omitempty"`
+	PassedG2       bool                   `protobuf:"varint,15,opt,name=passed_g2,json=passedG2,proto3" json:"passed_g2,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ClassEvidence) Reset() {
+	*x = ClassEvidence{}
+	mi := &file_ragplane_v1_admin_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClassEvidence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClassEvidence) ProtoMessage() {}
+
+func (x *ClassEvidence) ProtoReflect() protoreflect.Message {
+	mi := &file_ragplane_v1_admin_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClassEvidence.ProtoReflect.Descriptor instead.
+func (*ClassEvidence) Descriptor() ([]byte, []int) {
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ClassEvidence) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ClassEvidence) GetBatches() int64 {
+	if x != nil {
+		return x.Batches
+	}
+	return 0
+}
+
+func (x *ClassEvidence) GetShare() float64 {
+	if x != nil {
+		return x.Share
+	}
+	return 0
+}
+
+func (x *ClassEvidence) GetSamples() int64 {
+	if x != nil {
+		return x.Samples
+	}
+	return 0
+}
+
+func (x *ClassEvidence) GetCosineMin() float64 {
+	if x != nil {
+		return x.CosineMin
+	}
+	return 0
+}
+
+func (x *ClassEvidence) GetCosineMean() float64 {
+	if x != nil {
+		return x.CosineMean
+	}
+	return 0
+}
+
+func (x *ClassEvidence) GetTimeRatio() float64 {
+	if x != nil {
+		return x.TimeRatio
+	}
+	return 0
+}
+
+func (x *ClassEvidence) GetTimeRatioUpper() float64 {
+	if x != nil {
+		return x.TimeRatioUpper
+	}
+	return 0
+}
+
+func (x *ClassEvidence) GetAaTimeRatio() float64 {
+	if x != nil {
+		return x.AaTimeRatio
+	}
+	return 0
+}
+
+func (x *ClassEvidence) GetTimedBatches() int64 {
+	if x != nil {
+		return x.TimedBatches
+	}
+	return 0
+}
+
+func (x *ClassEvidence) GetErrors() int64 {
+	if x != nil {
+		return x.Errors
+	}
+	return 0
+}
+
+func (x *ClassEvidence) GetDropped() int64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+func (x *ClassEvidence) GetCarried() bool {
+	if x != nil {
+		return x.Carried
+	}
+	return false
+}
+
+func (x *ClassEvidence) GetPassedG1() bool {
+	if x != nil {
+		return x.PassedG1
+	}
+	return false
+}
+
+func (x *ClassEvidence) GetPassedG2() bool {
+	if x != nil {
+		return x.PassedG2
+	}
+	return false
+}
+
 type FlipEvent struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	At            float64                `protobuf:"fixed64,1,opt,name=at,proto3" json:"at,omitempty"`
@@ -907,7 +1120,7 @@ type FlipEvent struct {
 
 func (x *FlipEvent) Reset() {
 	*x = FlipEvent{}
-	mi := &file_ragplane_v1_admin_proto_msgTypes[13]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1132,7 @@ func (x *FlipEvent) String() string {
 func (*FlipEvent) ProtoMessage() {}
 
 func (x *FlipEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_admin_proto_msgTypes[13]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1145,7 @@ func (x *FlipEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlipEvent.ProtoReflect.Descriptor instead.
 func (*FlipEvent) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FlipEvent) GetAt() float64 {
@@ -983,14 +1196,17 @@ type ShadowCase struct {
 	FlipEligible  bool                   `protobuf:"varint,9,opt,name=flip_eligible,json=flipEligible,proto3" json:"flip_eligible,omitempty"`
 	Releases      []*ReleaseEvidence     `protobuf:"bytes,10,rep,name=releases,proto3" json:"releases,omitempty"`
 	History       []*FlipEvent           `protobuf:"bytes,11,rep,name=history,proto3" json:"history,omitempty"`
-	Reason        string                 `protobuf:"bytes,12,opt,name=reason,proto3" json:"reason,omitempty"` // why the declared shadow does not run (status "unavailable")
+	Reason        string                 `protobuf:"bytes,12,opt,name=reason,proto3" json:"reason,omitempty"`     // why the declared shadow does not run (status "unavailable")
+	Hardware      string                 `protobuf:"bytes,13,opt,name=hardware,proto3" json:"hardware,omitempty"` // the hardware class of this decision
+	Kernel        string                 `protobuf:"bytes,14,opt,name=kernel,proto3" json:"kernel,omitempty"`     // the kernel the shadow chose (avx512, avx2, neon, portable, wgpu)
+	Watch         []*GateResult          `protobuf:"bytes,15,rep,name=watch,proto3" json:"watch,omitempty"`       // after a flip: the gates on the evidence since it
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ShadowCase) Reset() {
 	*x = ShadowCase{}
-	mi := &file_ragplane_v1_admin_proto_msgTypes[14]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1002,7 +1218,7 @@ func (x *ShadowCase) String() string {
 func (*ShadowCase) ProtoMessage() {}
 
 func (x *ShadowCase) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_admin_proto_msgTypes[14]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1015,7 +1231,7 @@ func (x *ShadowCase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShadowCase.ProtoReflect.Descriptor instead.
 func (*ShadowCase) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ShadowCase) GetUseCase() string {
@@ -1102,6 +1318,27 @@ func (x *ShadowCase) GetReason() string {
 	return ""
 }
 
+func (x *ShadowCase) GetHardware() string {
+	if x != nil {
+		return x.Hardware
+	}
+	return ""
+}
+
+func (x *ShadowCase) GetKernel() string {
+	if x != nil {
+		return x.Kernel
+	}
+	return ""
+}
+
+func (x *ShadowCase) GetWatch() []*GateResult {
+	if x != nil {
+		return x.Watch
+	}
+	return nil
+}
+
 type ShadowStatusResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Cases         []*ShadowCase          `protobuf:"bytes,1,rep,name=cases,proto3" json:"cases,omitempty"`
@@ -1111,7 +1348,7 @@ type ShadowStatusResponse struct {
 
 func (x *ShadowStatusResponse) Reset() {
 	*x = ShadowStatusResponse{}
-	mi := &file_ragplane_v1_admin_proto_msgTypes[15]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1123,7 +1360,7 @@ func (x *ShadowStatusResponse) String() string {
 func (*ShadowStatusResponse) ProtoMessage() {}
 
 func (x *ShadowStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_admin_proto_msgTypes[15]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1136,7 +1373,7 @@ func (x *ShadowStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShadowStatusResponse.ProtoReflect.Descriptor instead.
 func (*ShadowStatusResponse) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ShadowStatusResponse) GetCases() []*ShadowCase {
@@ -1156,7 +1393,7 @@ type FlipRequest struct {
 
 func (x *FlipRequest) Reset() {
 	*x = FlipRequest{}
-	mi := &file_ragplane_v1_admin_proto_msgTypes[16]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1168,7 +1405,7 @@ func (x *FlipRequest) String() string {
 func (*FlipRequest) ProtoMessage() {}
 
 func (x *FlipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_admin_proto_msgTypes[16]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1181,7 +1418,7 @@ func (x *FlipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlipRequest.ProtoReflect.Descriptor instead.
 func (*FlipRequest) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *FlipRequest) GetUseCase() string {
@@ -1207,7 +1444,7 @@ type UnflipRequest struct {
 
 func (x *UnflipRequest) Reset() {
 	*x = UnflipRequest{}
-	mi := &file_ragplane_v1_admin_proto_msgTypes[17]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1456,7 @@ func (x *UnflipRequest) String() string {
 func (*UnflipRequest) ProtoMessage() {}
 
 func (x *UnflipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_admin_proto_msgTypes[17]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1469,7 @@ func (x *UnflipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnflipRequest.ProtoReflect.Descriptor instead.
 func (*UnflipRequest) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *UnflipRequest) GetUseCase() string {
@@ -1251,7 +1488,7 @@ type FlipResponse struct {
 
 func (x *FlipResponse) Reset() {
 	*x = FlipResponse{}
-	mi := &file_ragplane_v1_admin_proto_msgTypes[18]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1500,7 @@ func (x *FlipResponse) String() string {
 func (*FlipResponse) ProtoMessage() {}
 
 func (x *FlipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_admin_proto_msgTypes[18]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1513,7 @@ func (x *FlipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlipResponse.ProtoReflect.Descriptor instead.
 func (*FlipResponse) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FlipResponse) GetCase() *ShadowCase {
@@ -1284,6 +1521,118 @@ func (x *FlipResponse) GetCase() *ShadowCase {
 		return x.Case
 	}
 	return nil
+}
+
+type RecordReleaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	UseCase       string                 `protobuf:"bytes,1,opt,name=use_case,json=useCase,proto3" json:"use_case,omitempty"` // empty = "embeddings"
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordReleaseRequest) Reset() {
+	*x = RecordReleaseRequest{}
+	mi := &file_ragplane_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordReleaseRequest) ProtoMessage() {}
+
+func (x *RecordReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ragplane_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordReleaseRequest.ProtoReflect.Descriptor instead.
+func (*RecordReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RecordReleaseRequest) GetUseCase() string {
+	if x != nil {
+		return x.UseCase
+	}
+	return ""
+}
+
+type RecordReleaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Evidence      *ReleaseEvidence       `protobuf:"bytes,1,opt,name=evidence,proto3" json:"evidence,omitempty"`  // what was recorded
+	Replaced      bool                   `protobuf:"varint,2,opt,name=replaced,proto3" json:"replaced,omitempty"` // an entry of this release was there and was replaced
+	History       string                 `protobuf:"bytes,3,opt,name=history,proto3" json:"history,omitempty"`    // the file the server wrote
+	Machine       string                 `protobuf:"bytes,4,opt,name=machine,proto3" json:"machine,omitempty"`    // cores, CPU model and OS of the measuring machine
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordReleaseResponse) Reset() {
+	*x = RecordReleaseResponse{}
+	mi := &file_ragplane_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordReleaseResponse) ProtoMessage() {}
+
+func (x *RecordReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ragplane_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordReleaseResponse.ProtoReflect.Descriptor instead.
+func (*RecordReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *RecordReleaseResponse) GetEvidence() *ReleaseEvidence {
+	if x != nil {
+		return x.Evidence
+	}
+	return nil
+}
+
+func (x *RecordReleaseResponse) GetReplaced() bool {
+	if x != nil {
+		return x.Replaced
+	}
+	return false
+}
+
+func (x *RecordReleaseResponse) GetHistory() string {
+	if x != nil {
+		return x.History
+	}
+	return ""
+}
+
+func (x *RecordReleaseResponse) GetMachine() string {
+	if x != nil {
+		return x.Machine
+	}
+	return ""
 }
 
 type CreateKeyRequest struct {
@@ -1297,7 +1646,7 @@ type CreateKeyRequest struct {
 
 func (x *CreateKeyRequest) Reset() {
 	*x = CreateKeyRequest{}
-	mi := &file_ragplane_v1_admin_proto_msgTypes[19]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1309,7 +1658,7 @@ func (x *CreateKeyRequest) String() string {
 func (*CreateKeyRequest) ProtoMessage() {}
 
 func (x *CreateKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_admin_proto_msgTypes[19]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1322,7 +1671,7 @@ func (x *CreateKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateKeyRequest) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CreateKeyRequest) GetTenant() string {
@@ -1360,7 +1709,7 @@ type KeyInfo struct {
 
 func (x *KeyInfo) Reset() {
 	*x = KeyInfo{}
-	mi := &file_ragplane_v1_admin_proto_msgTypes[20]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1372,7 +1721,7 @@ func (x *KeyInfo) String() string {
 func (*KeyInfo) ProtoMessage() {}
 
 func (x *KeyInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_admin_proto_msgTypes[20]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1385,7 +1734,7 @@ func (x *KeyInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyInfo.ProtoReflect.Descriptor instead.
 func (*KeyInfo) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *KeyInfo) GetKeyId() string {
@@ -1441,7 +1790,7 @@ type CreateKeyResponse struct {
 
 func (x *CreateKeyResponse) Reset() {
 	*x = CreateKeyResponse{}
-	mi := &file_ragplane_v1_admin_proto_msgTypes[21]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1453,7 +1802,7 @@ func (x *CreateKeyResponse) String() string {
 func (*CreateKeyResponse) ProtoMessage() {}
 
 func (x *CreateKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_admin_proto_msgTypes[21]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1466,7 +1815,7 @@ func (x *CreateKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateKeyResponse) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CreateKeyResponse) GetKey() *KeyInfo {
@@ -1491,7 +1840,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_ragplane_v1_admin_proto_msgTypes[22]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1852,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_admin_proto_msgTypes[22]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1865,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 type ListKeysResponse struct {
@@ -1528,7 +1877,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_ragplane_v1_admin_proto_msgTypes[23]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1889,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_admin_proto_msgTypes[23]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1902,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeyInfo {
@@ -1572,7 +1921,7 @@ type RevokeKeyRequest struct {
 
 func (x *RevokeKeyRequest) Reset() {
 	*x = RevokeKeyRequest{}
-	mi := &file_ragplane_v1_admin_proto_msgTypes[24]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +1933,7 @@ func (x *RevokeKeyRequest) String() string {
 func (*RevokeKeyRequest) ProtoMessage() {}
 
 func (x *RevokeKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_admin_proto_msgTypes[24]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +1946,7 @@ func (x *RevokeKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeKeyRequest) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RevokeKeyRequest) GetKeyId() string {
@@ -1616,7 +1965,7 @@ type RevokeKeyResponse struct {
 
 func (x *RevokeKeyResponse) Reset() {
 	*x = RevokeKeyResponse{}
-	mi := &file_ragplane_v1_admin_proto_msgTypes[25]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1977,7 @@ func (x *RevokeKeyResponse) String() string {
 func (*RevokeKeyResponse) ProtoMessage() {}
 
 func (x *RevokeKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_admin_proto_msgTypes[25]
+	mi := &file_ragplane_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1990,7 @@ func (x *RevokeKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeKeyResponse.ProtoReflect.Descriptor instead.
 func (*RevokeKeyResponse) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_ragplane_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RevokeKeyResponse) GetRevoked() bool {
@@ -1714,7 +2063,7 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06passed\x18\x02 \x01(\bR\x06passed\x12\x14\n" +
 	"\x05value\x18\x03 \x01(\tR\x05value\x12\x18\n" +
-	"\amissing\x18\x04 \x01(\tR\amissing\"\xda\x03\n" +
+	"\amissing\x18\x04 \x01(\tR\amissing\"\xb3\x05\n" +
 	"\x0fReleaseEvidence\x12\x16\n" +
 	"\x06shadow\x18\x01 \x01(\tR\x06shadow\x12\x18\n" +
 	"\asamples\x18\x02 \x01(\x03R\asamples\x12\x1d\n" +
@@ -1734,13 +2083,41 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\tpassed_g1\x18\f \x01(\bR\bpassedG1\x12\x1b\n" +
 	"\tpassed_g2\x18\r \x01(\bR\bpassedG2\x12\x16\n" +
 	"\x06probes\x18\x0e \x01(\x03R\x06probes\x12#\n" +
-	"\rtimed_batches\x18\x0f \x01(\x03R\ftimedBatches\"}\n" +
+	"\rtimed_batches\x18\x0f \x01(\x03R\ftimedBatches\x12\x1c\n" +
+	"\tcanonical\x18\x10 \x01(\tR\tcanonical\x12\x1a\n" +
+	"\bhardware\x18\x11 \x01(\tR\bhardware\x12\x14\n" +
+	"\x05phase\x18\x12 \x01(\tR\x05phase\x12\x18\n" +
+	"\aseconds\x18\x13 \x01(\x01R\aseconds\x12\x18\n" +
+	"\abatches\x18\x14 \x01(\x03R\abatches\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x15 \x01(\tR\tlastError\x124\n" +
+	"\aclasses\x18\x16 \x03(\v2\x1a.ragplane.v1.ClassEvidenceR\aclasses\"\xc5\x03\n" +
+	"\rClassEvidence\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\abatches\x18\x02 \x01(\x03R\abatches\x12\x14\n" +
+	"\x05share\x18\x03 \x01(\x01R\x05share\x12\x18\n" +
+	"\asamples\x18\x04 \x01(\x03R\asamples\x12\x1d\n" +
+	"\n" +
+	"cosine_min\x18\x05 \x01(\x01R\tcosineMin\x12\x1f\n" +
+	"\vcosine_mean\x18\x06 \x01(\x01R\n" +
+	"cosineMean\x12\x1d\n" +
+	"\n" +
+	"time_ratio\x18\a \x01(\x01R\ttimeRatio\x12(\n" +
+	"\x10time_ratio_upper\x18\b \x01(\x01R\x0etimeRatioUpper\x12\"\n" +
+	"\raa_time_ratio\x18\t \x01(\x01R\vaaTimeRatio\x12#\n" +
+	"\rtimed_batches\x18\n" +
+	" \x01(\x03R\ftimedBatches\x12\x16\n" +
+	"\x06errors\x18\v \x01(\x03R\x06errors\x12\x18\n" +
+	"\adropped\x18\f \x01(\x03R\adropped\x12\x18\n" +
+	"\acarried\x18\r \x01(\bR\acarried\x12\x1b\n" +
+	"\tpassed_g1\x18\x0e \x01(\bR\bpassedG1\x12\x1b\n" +
+	"\tpassed_g2\x18\x0f \x01(\bR\bpassedG2\"}\n" +
 	"\tFlipEvent\x12\x0e\n" +
 	"\x02at\x18\x01 \x01(\x01R\x02at\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12\x18\n" +
 	"\aserving\x18\x03 \x01(\tR\aserving\x12\x16\n" +
 	"\x06forced\x18\x04 \x01(\bR\x06forced\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xa0\x03\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\x83\x04\n" +
 	"\n" +
 	"ShadowCase\x12\x19\n" +
 	"\buse_case\x18\x01 \x01(\tR\auseCase\x12\x16\n" +
@@ -1756,7 +2133,10 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\breleases\x18\n" +
 	" \x03(\v2\x1c.ragplane.v1.ReleaseEvidenceR\breleases\x120\n" +
 	"\ahistory\x18\v \x03(\v2\x16.ragplane.v1.FlipEventR\ahistory\x12\x16\n" +
-	"\x06reason\x18\f \x01(\tR\x06reason\"E\n" +
+	"\x06reason\x18\f \x01(\tR\x06reason\x12\x1a\n" +
+	"\bhardware\x18\r \x01(\tR\bhardware\x12\x16\n" +
+	"\x06kernel\x18\x0e \x01(\tR\x06kernel\x12-\n" +
+	"\x05watch\x18\x0f \x03(\v2\x17.ragplane.v1.GateResultR\x05watch\"E\n" +
 	"\x14ShadowStatusResponse\x12-\n" +
 	"\x05cases\x18\x01 \x03(\v2\x17.ragplane.v1.ShadowCaseR\x05cases\">\n" +
 	"\vFlipRequest\x12\x19\n" +
@@ -1765,7 +2145,14 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\rUnflipRequest\x12\x19\n" +
 	"\buse_case\x18\x01 \x01(\tR\auseCase\";\n" +
 	"\fFlipResponse\x12+\n" +
-	"\x04case\x18\x01 \x01(\v2\x17.ragplane.v1.ShadowCaseR\x04case\"d\n" +
+	"\x04case\x18\x01 \x01(\v2\x17.ragplane.v1.ShadowCaseR\x04case\"1\n" +
+	"\x14RecordReleaseRequest\x12\x19\n" +
+	"\buse_case\x18\x01 \x01(\tR\auseCase\"\xa1\x01\n" +
+	"\x15RecordReleaseResponse\x128\n" +
+	"\bevidence\x18\x01 \x01(\v2\x1c.ragplane.v1.ReleaseEvidenceR\bevidence\x12\x1a\n" +
+	"\breplaced\x18\x02 \x01(\bR\breplaced\x12\x18\n" +
+	"\ahistory\x18\x03 \x01(\tR\ahistory\x12\x18\n" +
+	"\amachine\x18\x04 \x01(\tR\amachine\"d\n" +
 	"\x10CreateKeyRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06scopes\x18\x02 \x03(\tR\x06scopes\x12 \n" +
@@ -1787,7 +2174,7 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\x10RevokeKeyRequest\x12\x15\n" +
 	"\x06key_id\x18\x01 \x01(\tR\x05keyId\"-\n" +
 	"\x11RevokeKeyResponse\x12\x18\n" +
-	"\arevoked\x18\x01 \x01(\bR\arevoked2\xb7\x06\n" +
+	"\arevoked\x18\x01 \x01(\bR\arevoked2\x8f\a\n" +
 	"\fAdminService\x12F\n" +
 	"\aRebuild\x12\x1b.ragplane.v1.RebuildRequest\x1a\x1c.ragplane.v1.RebuildProgress0\x01\x12E\n" +
 	"\bRollback\x12\x1c.ragplane.v1.RollbackRequest\x1a\x1b.ragplane.v1.CollectionInfo\x12D\n" +
@@ -1796,7 +2183,8 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\x06Status\x12\x1a.ragplane.v1.StatusRequest\x1a\x1b.ragplane.v1.StatusResponse\"\x03\x90\x02\x01\x12X\n" +
 	"\fShadowStatus\x12 .ragplane.v1.ShadowStatusRequest\x1a!.ragplane.v1.ShadowStatusResponse\"\x03\x90\x02\x01\x12;\n" +
 	"\x04Flip\x12\x18.ragplane.v1.FlipRequest\x1a\x19.ragplane.v1.FlipResponse\x12?\n" +
-	"\x06Unflip\x12\x1a.ragplane.v1.UnflipRequest\x1a\x19.ragplane.v1.FlipResponse\x12J\n" +
+	"\x06Unflip\x12\x1a.ragplane.v1.UnflipRequest\x1a\x19.ragplane.v1.FlipResponse\x12V\n" +
+	"\rRecordRelease\x12!.ragplane.v1.RecordReleaseRequest\x1a\".ragplane.v1.RecordReleaseResponse\x12J\n" +
 	"\tCreateKey\x12\x1d.ragplane.v1.CreateKeyRequest\x1a\x1e.ragplane.v1.CreateKeyResponse\x12L\n" +
 	"\bListKeys\x12\x1c.ragplane.v1.ListKeysRequest\x1a\x1d.ragplane.v1.ListKeysResponse\"\x03\x90\x02\x01\x12O\n" +
 	"\tRevokeKey\x12\x1d.ragplane.v1.RevokeKeyRequest\x1a\x1e.ragplane.v1.RevokeKeyResponse\"\x03\x90\x02\x02B?Z=github.com/ragplane/ragplane/clients/go/ragplanev1;ragplanev1b\x06proto3"
@@ -1813,77 +2201,85 @@ func file_ragplane_v1_admin_proto_rawDescGZIP() []byte {
 	return file_ragplane_v1_admin_proto_rawDescData
 }
 
-var file_ragplane_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_ragplane_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_ragplane_v1_admin_proto_goTypes = []any{
-	(*RebuildRequest)(nil),       // 0: ragplane.v1.RebuildRequest
-	(*RebuildProgress)(nil),      // 1: ragplane.v1.RebuildProgress
-	(*RollbackRequest)(nil),      // 2: ragplane.v1.RollbackRequest
-	(*CompactRequest)(nil),       // 3: ragplane.v1.CompactRequest
-	(*CompactResponse)(nil),      // 4: ragplane.v1.CompactResponse
-	(*SnapshotRequest)(nil),      // 5: ragplane.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),     // 6: ragplane.v1.SnapshotResponse
-	(*StatusRequest)(nil),        // 7: ragplane.v1.StatusRequest
-	(*ShadowCaseSummary)(nil),    // 8: ragplane.v1.ShadowCaseSummary
-	(*StatusResponse)(nil),       // 9: ragplane.v1.StatusResponse
-	(*ShadowStatusRequest)(nil),  // 10: ragplane.v1.ShadowStatusRequest
-	(*GateResult)(nil),           // 11: ragplane.v1.GateResult
-	(*ReleaseEvidence)(nil),      // 12: ragplane.v1.ReleaseEvidence
-	(*FlipEvent)(nil),            // 13: ragplane.v1.FlipEvent
-	(*ShadowCase)(nil),           // 14: ragplane.v1.ShadowCase
-	(*ShadowStatusResponse)(nil), // 15: ragplane.v1.ShadowStatusResponse
-	(*FlipRequest)(nil),          // 16: ragplane.v1.FlipRequest
-	(*UnflipRequest)(nil),        // 17: ragplane.v1.UnflipRequest
-	(*FlipResponse)(nil),         // 18: ragplane.v1.FlipResponse
-	(*CreateKeyRequest)(nil),     // 19: ragplane.v1.CreateKeyRequest
-	(*KeyInfo)(nil),              // 20: ragplane.v1.KeyInfo
-	(*CreateKeyResponse)(nil),    // 21: ragplane.v1.CreateKeyResponse
-	(*ListKeysRequest)(nil),      // 22: ragplane.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),     // 23: ragplane.v1.ListKeysResponse
-	(*RevokeKeyRequest)(nil),     // 24: ragplane.v1.RevokeKeyRequest
-	(*RevokeKeyResponse)(nil),    // 25: ragplane.v1.RevokeKeyResponse
-	(IndexType)(0),               // 26: ragplane.v1.IndexType
-	(*IndexParams)(nil),          // 27: ragplane.v1.IndexParams
-	(*CollectionInfo)(nil),       // 28: ragplane.v1.CollectionInfo
+	(*RebuildRequest)(nil),        // 0: ragplane.v1.RebuildRequest
+	(*RebuildProgress)(nil),       // 1: ragplane.v1.RebuildProgress
+	(*RollbackRequest)(nil),       // 2: ragplane.v1.RollbackRequest
+	(*CompactRequest)(nil),        // 3: ragplane.v1.CompactRequest
+	(*CompactResponse)(nil),       // 4: ragplane.v1.CompactResponse
+	(*SnapshotRequest)(nil),       // 5: ragplane.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),      // 6: ragplane.v1.SnapshotResponse
+	(*StatusRequest)(nil),         // 7: ragplane.v1.StatusRequest
+	(*ShadowCaseSummary)(nil),     // 8: ragplane.v1.ShadowCaseSummary
+	(*StatusResponse)(nil),        // 9: ragplane.v1.StatusResponse
+	(*ShadowStatusRequest)(nil),   // 10: ragplane.v1.ShadowStatusRequest
+	(*GateResult)(nil),            // 11: ragplane.v1.GateResult
+	(*ReleaseEvidence)(nil),       // 12: ragplane.v1.ReleaseEvidence
+	(*ClassEvidence)(nil),         // 13: ragplane.v1.ClassEvidence
+	(*FlipEvent)(nil),             // 14: ragplane.v1.FlipEvent
+	(*ShadowCase)(nil),            // 15: ragplane.v1.ShadowCase
+	(*ShadowStatusResponse)(nil),  // 16: ragplane.v1.ShadowStatusResponse
+	(*FlipRequest)(nil),           // 17: ragplane.v1.FlipRequest
+	(*UnflipRequest)(nil),         // 18: ragplane.v1.UnflipRequest
+	(*FlipResponse)(nil),          // 19: ragplane.v1.FlipResponse
+	(*RecordReleaseRequest)(nil),  // 20: ragplane.v1.RecordReleaseRequest
+	(*RecordReleaseResponse)(nil), // 21: ragplane.v1.RecordReleaseResponse
+	(*CreateKeyRequest)(nil),      // 22: ragplane.v1.CreateKeyRequest
+	(*KeyInfo)(nil),               // 23: ragplane.v1.KeyInfo
+	(*CreateKeyResponse)(nil),     // 24: ragplane.v1.CreateKeyResponse
+	(*ListKeysRequest)(nil),       // 25: ragplane.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),      // 26: ragplane.v1.ListKeysResponse
+	(*RevokeKeyRequest)(nil),      // 27: ragplane.v1.RevokeKeyRequest
+	(*RevokeKeyResponse)(nil),     // 28: ragplane.v1.RevokeKeyResponse
+	(IndexType)(0),                // 29: ragplane.v1.IndexType
+	(*IndexParams)(nil),           // 30: ragplane.v1.IndexParams
+	(*CollectionInfo)(nil),        // 31: ragplane.v1.CollectionInfo
 }
 var file_ragplane_v1_admin_proto_depIdxs = []int32{
-	26, // 0: ragplane.v1.RebuildRequest.index_type:type_name -> ragplane.v1.IndexType
-	27, // 1: ragplane.v1.RebuildRequest.params:type_name -> ragplane.v1.IndexParams
-	28, // 2: ragplane.v1.StatusResponse.collections:type_name -> ragplane.v1.CollectionInfo
+	29, // 0: ragplane.v1.RebuildRequest.index_type:type_name -> ragplane.v1.IndexType
+	30, // 1: ragplane.v1.RebuildRequest.params:type_name -> ragplane.v1.IndexParams
+	31, // 2: ragplane.v1.StatusResponse.collections:type_name -> ragplane.v1.CollectionInfo
 	8,  // 3: ragplane.v1.StatusResponse.shadow:type_name -> ragplane.v1.ShadowCaseSummary
-	11, // 4: ragplane.v1.ShadowCase.gates:type_name -> ragplane.v1.GateResult
-	12, // 5: ragplane.v1.ShadowCase.releases:type_name -> ragplane.v1.ReleaseEvidence
-	13, // 6: ragplane.v1.ShadowCase.history:type_name -> ragplane.v1.FlipEvent
-	14, // 7: ragplane.v1.ShadowStatusResponse.cases:type_name -> ragplane.v1.ShadowCase
-	14, // 8: ragplane.v1.FlipResponse.case:type_name -> ragplane.v1.ShadowCase
-	20, // 9: ragplane.v1.CreateKeyResponse.key:type_name -> ragplane.v1.KeyInfo
-	20, // 10: ragplane.v1.ListKeysResponse.keys:type_name -> ragplane.v1.KeyInfo
-	0,  // 11: ragplane.v1.AdminService.Rebuild:input_type -> ragplane.v1.RebuildRequest
-	2,  // 12: ragplane.v1.AdminService.Rollback:input_type -> ragplane.v1.RollbackRequest
-	3,  // 13: ragplane.v1.AdminService.Compact:input_type -> ragplane.v1.CompactRequest
-	5,  // 14: ragplane.v1.AdminService.Snapshot:input_type -> ragplane.v1.SnapshotRequest
-	7,  // 15: ragplane.v1.AdminService.Status:input_type -> ragplane.v1.StatusRequest
-	10, // 16: ragplane.v1.AdminService.ShadowStatus:input_type -> ragplane.v1.ShadowStatusRequest
-	16, // 17: ragplane.v1.AdminService.Flip:input_type -> ragplane.v1.FlipRequest
-	17, // 18: ragplane.v1.AdminService.Unflip:input_type -> ragplane.v1.UnflipRequest
-	19, // 19: ragplane.v1.AdminService.CreateKey:input_type -> ragplane.v1.CreateKeyRequest
-	22, // 20: ragplane.v1.AdminService.ListKeys:input_type -> ragplane.v1.ListKeysRequest
-	24, // 21: ragplane.v1.AdminService.RevokeKey:input_type -> ragplane.v1.RevokeKeyRequest
-	1,  // 22: ragplane.v1.AdminService.Rebuild:output_type -> ragplane.v1.RebuildProgress
-	28, // 23: ragplane.v1.AdminService.Rollback:output_type -> ragplane.v1.CollectionInfo
-	4,  // 24: ragplane.v1.AdminService.Compact:output_type -> ragplane.v1.CompactResponse
-	6,  // 25: ragplane.v1.AdminService.Snapshot:output_type -> ragplane.v1.SnapshotResponse
-	9,  // 26: ragplane.v1.AdminService.Status:output_type -> ragplane.v1.StatusResponse
-	15, // 27: ragplane.v1.AdminService.ShadowStatus:output_type -> ragplane.v1.ShadowStatusResponse
-	18, // 28: ragplane.v1.AdminService.Flip:output_type -> ragplane.v1.FlipResponse
-	18, // 29: ragplane.v1.AdminService.Unflip:output_type -> ragplane.v1.FlipResponse
-	21, // 30: ragplane.v1.AdminService.CreateKey:output_type -> ragplane.v1.CreateKeyResponse
-	23, // 31: ragplane.v1.AdminService.ListKeys:output_type -> ragplane.v1.ListKeysResponse
-	25, // 32: ragplane.v1.AdminService.RevokeKey:output_type -> ragplane.v1.RevokeKeyResponse
-	22, // [22:33] is the sub-list for method output_type
-	11, // [11:22] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	13, // 4: ragplane.v1.ReleaseEvidence.classes:type_name -> ragplane.v1.ClassEvidence
+	11, // 5: ragplane.v1.ShadowCase.gates:type_name -> ragplane.v1.GateResult
+	12, // 6: ragplane.v1.ShadowCase.releases:type_name -> ragplane.v1.ReleaseEvidence
+	14, // 7: ragplane.v1.ShadowCase.history:type_name -> ragplane.v1.FlipEvent
+	11, // 8: ragplane.v1.ShadowCase.watch:type_name -> ragplane.v1.GateResult
+	15, // 9: ragplane.v1.ShadowStatusResponse.cases:type_name -> ragplane.v1.ShadowCase
+	15, // 10: ragplane.v1.FlipResponse.case:type_name -> ragplane.v1.ShadowCase
+	12, // 11: ragplane.v1.RecordReleaseResponse.evidence:type_name -> ragplane.v1.ReleaseEvidence
+	23, // 12: ragplane.v1.CreateKeyResponse.key:type_name -> ragplane.v1.KeyInfo
+	23, // 13: ragplane.v1.ListKeysResponse.keys:type_name -> ragplane.v1.KeyInfo
+	0,  // 14: ragplane.v1.AdminService.Rebuild:input_type -> ragplane.v1.RebuildRequest
+	2,  // 15: ragplane.v1.AdminService.Rollback:input_type -> ragplane.v1.RollbackRequest
+	3,  // 16: ragplane.v1.AdminService.Compact:input_type -> ragplane.v1.CompactRequest
+	5,  // 17: ragplane.v1.AdminService.Snapshot:input_type -> ragplane.v1.SnapshotRequest
+	7,  // 18: ragplane.v1.AdminService.Status:input_type -> ragplane.v1.StatusRequest
+	10, // 19: ragplane.v1.AdminService.ShadowStatus:input_type -> ragplane.v1.ShadowStatusRequest
+	17, // 20: ragplane.v1.AdminService.Flip:input_type -> ragplane.v1.FlipRequest
+	18, // 21: ragplane.v1.AdminService.Unflip:input_type -> ragplane.v1.UnflipRequest
+	20, // 22: ragplane.v1.AdminService.RecordRelease:input_type -> ragplane.v1.RecordReleaseRequest
+	22, // 23: ragplane.v1.AdminService.CreateKey:input_type -> ragplane.v1.CreateKeyRequest
+	25, // 24: ragplane.v1.AdminService.ListKeys:input_type -> ragplane.v1.ListKeysRequest
+	27, // 25: ragplane.v1.AdminService.RevokeKey:input_type -> ragplane.v1.RevokeKeyRequest
+	1,  // 26: ragplane.v1.AdminService.Rebuild:output_type -> ragplane.v1.RebuildProgress
+	31, // 27: ragplane.v1.AdminService.Rollback:output_type -> ragplane.v1.CollectionInfo
+	4,  // 28: ragplane.v1.AdminService.Compact:output_type -> ragplane.v1.CompactResponse
+	6,  // 29: ragplane.v1.AdminService.Snapshot:output_type -> ragplane.v1.SnapshotResponse
+	9,  // 30: ragplane.v1.AdminService.Status:output_type -> ragplane.v1.StatusResponse
+	16, // 31: ragplane.v1.AdminService.ShadowStatus:output_type -> ragplane.v1.ShadowStatusResponse
+	19, // 32: ragplane.v1.AdminService.Flip:output_type -> ragplane.v1.FlipResponse
+	19, // 33: ragplane.v1.AdminService.Unflip:output_type -> ragplane.v1.FlipResponse
+	21, // 34: ragplane.v1.AdminService.RecordRelease:output_type -> ragplane.v1.RecordReleaseResponse
+	24, // 35: ragplane.v1.AdminService.CreateKey:output_type -> ragplane.v1.CreateKeyResponse
+	26, // 36: ragplane.v1.AdminService.ListKeys:output_type -> ragplane.v1.ListKeysResponse
+	28, // 37: ragplane.v1.AdminService.RevokeKey:output_type -> ragplane.v1.RevokeKeyResponse
+	26, // [26:38] is the sub-list for method output_type
+	14, // [14:26] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_ragplane_v1_admin_proto_init() }
@@ -1898,7 +2294,7 @@ func file_ragplane_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ragplane_v1_admin_proto_rawDesc), len(file_ragplane_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

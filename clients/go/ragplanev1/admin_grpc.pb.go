@@ -19,17 +19,18 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_Rebuild_FullMethodName      = "/ragplane.v1.AdminService/Rebuild"
-	AdminService_Rollback_FullMethodName     = "/ragplane.v1.AdminService/Rollback"
-	AdminService_Compact_FullMethodName      = "/ragplane.v1.AdminService/Compact"
-	AdminService_Snapshot_FullMethodName     = "/ragplane.v1.AdminService/Snapshot"
-	AdminService_Status_FullMethodName       = "/ragplane.v1.AdminService/Status"
-	AdminService_ShadowStatus_FullMethodName = "/ragplane.v1.AdminService/ShadowStatus"
-	AdminService_Flip_FullMethodName         = "/ragplane.v1.AdminService/Flip"
-	AdminService_Unflip_FullMethodName       = "/ragplane.v1.AdminService/Unflip"
-	AdminService_CreateKey_FullMethodName    = "/ragplane.v1.AdminService/CreateKey"
-	AdminService_ListKeys_FullMethodName     = "/ragplane.v1.AdminService/ListKeys"
-	AdminService_RevokeKey_FullMethodName    = "/ragplane.v1.AdminService/RevokeKey"
+	AdminService_Rebuild_FullMethodName       = "/ragplane.v1.AdminService/Rebuild"
+	AdminService_Rollback_FullMethodName      = "/ragplane.v1.AdminService/Rollback"
+	AdminService_Compact_FullMethodName       = "/ragplane.v1.AdminService/Compact"
+	AdminService_Snapshot_FullMethodName      = "/ragplane.v1.AdminService/Snapshot"
+	AdminService_Status_FullMethodName        = "/ragplane.v1.AdminService/Status"
+	AdminService_ShadowStatus_FullMethodName  = "/ragplane.v1.AdminService/ShadowStatus"
+	AdminService_Flip_FullMethodName          = "/ragplane.v1.AdminService/Flip"
+	AdminService_Unflip_FullMethodName        = "/ragplane.v1.AdminService/Unflip"
+	AdminService_RecordRelease_FullMethodName = "/ragplane.v1.AdminService/RecordRelease"
+	AdminService_CreateKey_FullMethodName     = "/ragplane.v1.AdminService/CreateKey"
+	AdminService_ListKeys_FullMethodName      = "/ragplane.v1.AdminService/ListKeys"
+	AdminService_RevokeKey_FullMethodName     = "/ragplane.v1.AdminService/RevokeKey"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -50,6 +51,10 @@ type AdminServiceClient interface {
 	ShadowStatus(ctx context.Context, in *ShadowStatusRequest, opts ...grpc.CallOption) (*ShadowStatusResponse, error)
 	Flip(ctx context.Context, in *FlipRequest, opts ...grpc.CallOption) (*FlipResponse, error)
 	Unflip(ctx context.Context, in *UnflipRequest, opts ...grpc.CallOption) (*FlipResponse, error)
+	// Append the live evidence of a case's current shadow release to the server's release
+	// history (the file G3 counts), judged under this server's gates: refused with
+	// FAILED_PRECONDITION, and every reason, when it fails G1 or G2 or had an error.
+	RecordRelease(ctx context.Context, in *RecordReleaseRequest, opts ...grpc.CallOption) (*RecordReleaseResponse, error)
 	CreateKey(ctx context.Context, in *CreateKeyRequest, opts ...grpc.CallOption) (*CreateKeyResponse, error)
 	ListKeys(ctx context.Context, in *ListKeysRequest, opts ...grpc.CallOption) (*ListKeysResponse, error)
 	RevokeKey(ctx context.Context, in *RevokeKeyRequest, opts ...grpc.CallOption) (*RevokeKeyResponse, error)
@@ -152,6 +157,16 @@ func (c *adminServiceClient) Unflip(ctx context.Context, in *UnflipRequest, opts
 	return out, nil
 }
 
+func (c *adminServiceClient) RecordRelease(ctx context.Context, in *RecordReleaseRequest, opts ...grpc.CallOption) (*RecordReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RecordReleaseResponse)
+	err := c.cc.Invoke(ctx, AdminService_RecordRelease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) CreateKey(ctx context.Context, in *CreateKeyRequest, opts ...grpc.CallOption) (*CreateKeyResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CreateKeyResponse)
@@ -200,6 +215,10 @@ type AdminServiceServer interface {
 	ShadowStatus(context.Context, *ShadowStatusRequest) (*ShadowStatusResponse, error)
 	Flip(context.Context, *FlipRequest) (*FlipResponse, error)
 	Unflip(context.Context, *UnflipRequest) (*FlipResponse, error)
+	// Append the live evidence of a case's current shadow release to the server's release
+	// history (the file G3 counts), judged under this server's gates: refused with
+	// FAILED_PRECONDITION, and every reason, when it fails G1 or G2 or had an error.
+	RecordRelease(context.Context, *RecordReleaseRequest) (*RecordReleaseResponse, error)
 	CreateKey(context.Context, *CreateKeyRequest) (*CreateKeyResponse, error)
 	ListKeys(context.Context, *ListKeysRequest) (*ListKeysResponse, error)
 	RevokeKey(context.Context, *RevokeKeyRequest) (*RevokeKeyResponse, error)
@@ -236,6 +255,9 @@ func (UnimplementedAdminServiceServer) Flip(context.Context, *FlipRequest) (*Fli
 }
 func (UnimplementedAdminServiceServer) Unflip(context.Context, *UnflipRequest) (*FlipResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Unflip not implemented")
+}
+func (UnimplementedAdminServiceServer) RecordRelease(context.Context, *RecordReleaseRequest) (*RecordReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RecordRelease not implemented")
 }
 func (UnimplementedAdminServiceServer) CreateKey(context.Context, *CreateKeyRequest) (*CreateKeyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateKey not implemented")
@@ -404,6 +426,24 @@ func _AdminService_Unflip_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_RecordRelease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecordReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RecordRelease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RecordRelease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RecordRelease(ctx, req.(*RecordReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_CreateKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CreateKeyRequest)
 	if err := dec(in); err != nil {
@@ -492,6 +532,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Unflip",
 			Handler:    _AdminService_Unflip_Handler,
+		},
+		{
+			MethodName: "RecordRelease",
+			Handler:    _AdminService_RecordRelease_Handler,
 		},
 		{
 			MethodName: "CreateKey",
