@@ -43,7 +43,7 @@ from ragplane.v1 import (
     search_pb2_grpc,
 )
 from server.shadow.releases import FILE_NAME
-from testkit.texts import corpus
+from testkit.texts import corpus, long_passages, sentences, topic_passages
 
 # the model is loaded offline by the processes this starts
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -51,9 +51,18 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 EXIT_OK, EXIT_FAILED, EXIT_NO_RUST, EXIT_HELD, EXIT_TIMEOUT = 0, 1, 2, 3, 4
 CASE = "embeddings"
-# Evidence minimums for the demo (the repository's: 1000 vectors, 20 probes, 30 batches).
-# The thresholds themselves -- cosine, overlap, time ratio, releases -- stay as declared.
-DEMO_MINIMUMS = {"min_samples": 300, "min_probes": 20, "min_timed_batches": 30}
+# Evidence minimums for the demo (the repository's: 1000 vectors, 20 probes, 30 timed
+# batches per class, and 3 releases each measured over 24 h and 1000 batches against this
+# canonical on this hardware class, which no fresh machine can have). The thresholds
+# themselves -- cosine, overlap, A/A floor, time ratio, class share -- stay as declared.
+DEMO_MINIMUMS = {
+    "min_samples": 300,
+    "min_probes": 20,
+    "min_timed_batches": 30,
+    "min_releases": 1,
+    "min_release_hours": 0,
+    "min_release_batches": 0,
+}
 
 
 def write_koder(
@@ -133,11 +142,30 @@ def cli(port: int, *args: str) -> str:
     return out.stdout
 
 
-def _enough_evidence(rel: admin_pb2.ReleaseEvidence, g: dict) -> bool:
-    return (
-        rel.samples >= g["min_samples"]
-        and rel.probes >= g["min_probes"]
-        and rel.timed_batches >= g["min_timed_batches"]
+def _enough_evidence(case: admin_pb2.ShadowCase) -> bool:
+    """G1 and G2 ask for no more evidence (vectors, probes, timed batches in any class
+    that carries traffic): more traffic cannot change their verdict's basis."""
+    return not any(" more " in f" {g.missing}" for g in case.gates[:2])
+
+
+def traffic_classes(batch: int) -> list[list[list[str]]]:
+    """Batches of real text in each traffic class the gates judge, to send in turn: short
+    sentences, paragraphs, and passages that fill the model's window."""
+    short = [t for t in sentences() if len(t.split()) <= 15]
+    medium = list(topic_passages(max_words=80, min_words=40))
+    window = long_passages(min_words=200)
+    return [
+        [pool[i : i + batch] for i in range(0, len(pool) - batch, batch)]
+        for pool in (short, medium, window)
+    ]
+
+
+def class_lines(case: admin_pb2.ShadowCase) -> str:
+    rel = live_release(case)
+    return "; ".join(
+        f"{c.name} {c.share:.0%}: {c.timed_batches} timed, ratio {c.time_ratio:.3f} "
+        f"upper95 {c.time_ratio_upper:.3f} A/A {c.aa_time_ratio:.3f}"
+        for c in rel.classes
     )
 
 
@@ -171,7 +199,11 @@ def main() -> int:
         + " (koder.toml asks for more); every threshold is the repository's:"
     )
     print("  " + ", ".join(f"{k} = {v}" for k, v in gates.items() if k not in DEMO_MINIMUMS))
-    print(f"  G3 reads the release history {args.history} plus the live release")
+    print(
+        f"  G3 reads the release history {args.history} plus the live release; a release "
+        "counts only when measured against this canonical on this hardware class, so on a "
+        "fresh machine the live release alone (min_releases = 1) is what the demo can show"
+    )
     t0 = time.monotonic()
     srv = start(koder, work / "data")
     try:
@@ -206,23 +238,27 @@ def _demo(srv: Server, gates: dict, args: argparse.Namespace) -> int:
     embed = embed_pb2_grpc.EmbedServiceStub(ch)
     index = index_pb2_grpc.IndexServiceStub(ch)
     search = search_pb2_grpc.SearchServiceStub(ch)
-    texts = corpus(4000)
-    docs = texts[:200]
+    docs = corpus(200)
 
     info = _fill_docs(index, docs)
     print(f"1. collection docs: {info.count} passages embedded by {info.embedder} (canonical)")
 
-    print("2. traffic: Embed calls of real text until the server decides")
+    print(
+        "2. traffic: Embed calls of real text, short sentences, paragraphs and window-length "
+        "passages in turn, until the server decides"
+    )
     deadline = time.monotonic() + args.timeout
-    i, last, shown = 200, 0.0, -1
+    pools = traffic_classes(args.batch)
+    i, last, shown = 0, 0.0, -1
     case = shadow_case(ch)
     while case.serving != case.shadow:
         if time.monotonic() > deadline:
             print(f"no decision within {args.timeout:.0f} s:")
             print("\n".join(gate_lines(case)))
             return EXIT_TIMEOUT
-        batch = texts[i : i + args.batch] or texts[: args.batch]
-        i = i + args.batch if i + args.batch < len(texts) else 200
+        pool = pools[i % len(pools)]
+        batch = pool[(i // len(pools)) % len(pool)]
+        i += 1
         t = time.perf_counter()
         embed.Embed(embed_pb2.EmbedRequest(texts=batch), timeout=60)
         # a steady load, not a flood: the shadow samples only while no request waits and
@@ -237,12 +273,11 @@ def _demo(srv: Server, gates: dict, args: argparse.Namespace) -> int:
             continue
         shown = rel.samples
         print(
-            f"   {rel.samples} vectors compared (min cos {rel.cosine_min:.7f}), "
-            f"{rel.probes} probes (overlap@10 {rel.overlap_at_10:.3f}), "
-            f"{rel.timed_batches} timed batches (ratio {rel.time_ratio:.3f}, "
-            f"upper95 {rel.time_ratio_upper:.3f})"
+            f"   {rel.samples} vectors compared (min cos {rel.cosine_min:.7f}, "
+            f"{rel.errors} errors), {rel.probes} probes (overlap@10 {rel.overlap_at_10:.3f}); "
+            + class_lines(case)
         )
-        if case.serving != case.shadow and _enough_evidence(rel, gates):
+        if case.serving != case.shadow and _enough_evidence(case):
             time.sleep(1.0)  # the last published sample may be flipping right now
             case = shadow_case(ch)
             if case.serving == case.shadow:
@@ -254,7 +289,7 @@ def _demo(srv: Server, gates: dict, args: argparse.Namespace) -> int:
             )
             print("\n".join(gate_lines(case)))
             names = ", ".join(g.name.split()[0] for g in held)
-            print(f"flip held back by {names}")
+            print(f"flip held back by {names}: " + " | ".join(g.missing for g in held))
             return EXIT_HELD
     flip = case.history[-1]
     print(f"3. flipped by itself: {flip.action} -> {flip.serving} ({flip.reason})")

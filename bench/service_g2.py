@@ -35,6 +35,7 @@ from bench.flip import (
     start,
     write_koder,
 )
+from server.shadow.releases import FILE_NAME
 
 # the model is loaded offline by the processes this starts
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -71,8 +72,10 @@ def measure(
     users: int = 4, run_time: int = 210, seed_items: int = 200, record: bool = False
 ) -> dict:
     """One load run against a fresh server; the live evidence of its shadow release. With
-    `record`, that evidence is also written to the repository's release history by
-    `ragplane shadow record-release` (which refuses a release that fails G1 or G2)."""
+    `record`, and only when the load test succeeded (exit 0, no failed request), the server
+    records that evidence in its release history under its own gates (the repository's:
+    `ragplane shadow record-release` refuses a release that fails G1 or G2), and the entry
+    is copied into the repository's history."""
     import embedder_rs
 
     work = Path(tempfile.mkdtemp(prefix="ragplane-g2-"))
@@ -86,16 +89,21 @@ def measure(
             before = live_release(case).samples
             time.sleep(2.0)
             case = shadow_case(srv.channel())
+        load = json.loads((work / "load.json").read_text()) if (work / "load.json").exists() else {}
+        failures = load.get("total", {}).get("failures")
         recorded = ""
-        if record:
+        if record and (rc != 0 or failures != 0):
+            recorded = f"not recorded: the load test failed (exit {rc}, {failures} failed requests)"
+        elif record:
             try:
-                recorded = cli(srv.port, "record-release", "--koder-toml", str(ROOT / "koder.toml"))
+                recorded = cli(srv.port, "record-release")
+                shutil.copy(work / FILE_NAME, ROOT / FILE_NAME)
             except RuntimeError as exc:  # refused: the release fails a gate (its numbers say)
                 recorded = str(exc)
+        if recorded:
             print(recorded, flush=True)
     finally:
         srv.stop()
-    load = json.loads((work / "load.json").read_text()) if (work / "load.json").exists() else {}
     shutil.rmtree(work, ignore_errors=True)
     rel = live_release(case)
     g1, g2 = case.gates[0], case.gates[1]
@@ -121,6 +129,22 @@ def measure(
         "dropped": rel.dropped,
         "g1": g1.passed,
         "g2": g2.passed,
+        "hardware": case.hardware,
+        "kernel": case.kernel,
+        "classes": [
+            {
+                "name": c.name,
+                "share": c.share,
+                "timed_batches": c.timed_batches,
+                "time_ratio": c.time_ratio,
+                "time_ratio_upper95": c.time_ratio_upper,
+                "aa_time_ratio": c.aa_time_ratio,
+                "cosine_min": c.cosine_min,
+                "judged": c.carried,
+                "g2": c.passed_g2,
+            }
+            for c in rel.classes
+        ],
         "gates": gate_lines(case)[:2],
         "recorded": recorded,
     }
@@ -138,6 +162,18 @@ def report(r: dict) -> str:
         f"{r['cosine_mean']:.8f} | {r['overlap_at_10']:.3f} ({r['probes']}) | {r['dropped']} | "
         f"{r['errors']} | {'pass' if r['g1'] else 'fail'} | {'pass' if r['g2'] else 'fail'} |"
         + "\n\n"
+        + f"Per traffic class (G2 judges each class with >= 5% of batches), hardware "
+        f"`{r.get('hardware', '')}`, kernel `{r.get('kernel', '')}`:\n\n"
+        "| class | share | timed batches | time ratio | upper 95% | A/A | min cos | judged | G2 |\n"
+        + "|---" * 9
+        + "|\n"
+        + "".join(
+            f"| {c['name']} | {c['share']:.0%} | {c['timed_batches']} | {c['time_ratio']:.3f} | "
+            f"{c['time_ratio_upper95']:.3f} | {c['aa_time_ratio']:.3f} | {c['cosine_min']:.7f} | "
+            f"{'yes' if c['judged'] else 'no'} | {'pass' if c['g2'] else 'fail'} |\n"
+            for c in r.get("classes", [])
+        )
+        + "\n"
         + "\n".join(f"- {line.strip()}" for line in r["gates"])
         + "\n\nCommand: `python -m bench.service_g2` (`make service-g2`). The flip end to end: "
         "`python -m bench.flip` (`make flip-demo`), which flips, or names the gate that "

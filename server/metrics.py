@@ -174,8 +174,13 @@ def _shadow_gauges(cases: Sequence[CaseStatus]) -> Iterator[GaugeMetricFamily]:
     )
     ratio = GaugeMetricFamily(
         "ragplane_shadow_time_ratio",
-        "Shadow / canonical time on the same batches",
-        labels=["use_case", "shadow", "stat"],
+        "Shadow / canonical time on the same batches, per traffic class (and `all`)",
+        labels=["use_case", "shadow", "class", "stat"],
+    )
+    errors = GaugeMetricFamily(
+        "ragplane_shadow_errors",
+        "Sampled batches whose shadow output could not be compared (each fails G1)",
+        labels=["use_case", "shadow"],
     )
     gate = GaugeMetricFamily(
         "ragplane_shadow_gate", "1 when the gate passes", labels=["use_case", "gate"]
@@ -190,7 +195,7 @@ def _shadow_gauges(cases: Sequence[CaseStatus]) -> Iterator[GaugeMetricFamily]:
     )
     for case in cases:
         for r in case.releases:
-            if r.shadow != case.shadow:
+            if r.shadow != case.shadow or r.hardware != case.hardware:
                 continue
             for stat, v in (
                 ("min", r.cosine_min),
@@ -198,14 +203,17 @@ def _shadow_gauges(cases: Sequence[CaseStatus]) -> Iterator[GaugeMetricFamily]:
                 ("mean", r.cosine_mean),
             ):
                 agree.add_metric([case.use_case, r.shadow, stat], v)
-            for stat, v in (
-                ("ratio", r.time_ratio),
-                ("upper95", r.time_ratio_upper),
-                ("aa", r.aa_time_ratio),
-            ):
-                ratio.add_metric([case.use_case, r.shadow, stat], v)
+            for cls in (r, *r.classes):
+                name = getattr(cls, "name", "all")
+                for stat, v in (
+                    ("ratio", cls.time_ratio),
+                    ("upper95", cls.time_ratio_upper),
+                    ("aa", cls.aa_time_ratio),
+                ):
+                    ratio.add_metric([case.use_case, r.shadow, name, stat], v)
             drops.add_metric([case.use_case, r.shadow], r.dropped)
+            errors.add_metric([case.use_case, r.shadow], r.errors)
         for g in case.gates:
             gate.add_metric([case.use_case, g.name.split()[0]], 1.0 if g.passed else 0.0)
         flipped.add_metric([case.use_case], 1.0 if case.status == "flipped" else 0.0)
-    yield from (agree, ratio, gate, flipped, drops)
+    yield from (agree, ratio, gate, flipped, drops, errors)
