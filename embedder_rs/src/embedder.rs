@@ -175,6 +175,16 @@ impl Embedder {
         self.device.kind
     }
 
+    /// The kernels that run the forward pass: `"wgpu"` on the wgpu backend, else the CPU
+    /// instruction set the host kernels chose (`"avx512"`, `"avx2"`, `"neon"` or
+    /// `"portable"`, see `EMBEDDER_RS_KERNEL`).
+    pub fn kernel(&self) -> &'static str {
+        match self.engine {
+            Engine::Host(_) => crate::model::simd::isa().name(),
+            Engine::Burn(_) => "wgpu",
+        }
+    }
+
     /// Adapter (GPU name, or CPU description) actually in use.
     pub fn adapter(&self) -> &str {
         &self.device.adapter

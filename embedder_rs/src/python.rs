@@ -83,6 +83,13 @@ impl PyEmbedder {
         self.inner.backend().name()
     }
 
+    /// The kernels in use: "avx512", "avx2", "neon" or "portable" (the CPU's instruction
+    /// set, as the host kernels chose it), or "wgpu".
+    #[getter]
+    fn kernel(&self) -> &'static str {
+        self.inner.kernel()
+    }
+
     /// The adapter actually in use (GPU name and driver, or the CPU backend).
     #[getter]
     fn adapter(&self) -> String {
@@ -121,9 +128,10 @@ impl PyEmbedder {
 
     fn __repr__(&self) -> String {
         format!(
-            "Embedder(name={:?}, backend={:?}, adapter={:?}, dim={}, max_seq_length={})",
+            "Embedder(name={:?}, backend={:?}, kernel={:?}, adapter={:?}, dim={}, max_seq_length={})",
             self.inner.name(),
             self.inner.backend().name(),
+            self.inner.kernel(),
             self.inner.adapter(),
             self.inner.dim(),
             self.inner.max_seq_length()

@@ -38,9 +38,9 @@ class RustEmbedder(Identified):
         self.dim = int(self._e.dim)
         self.max_seq_length = int(self._e.max_seq_length)
         self.device = f"{self._e.backend}:{self._e.adapter}"
+        self.kernel = getattr(self._e, "kernel", "")
         self.model = path.name if path.name != "model" else "all-MiniLM-L6-v2"
         self._tokens = TokenCounter(path, max_seq_length)
-
 
     def embed(self, texts: Sequence[str], normalize: bool = True) -> np.ndarray:
         try:

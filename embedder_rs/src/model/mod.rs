@@ -8,7 +8,13 @@ pub mod embeddings;
 pub mod encoder;
 pub mod loader;
 pub mod pooling;
-mod simd;
+pub mod simd;
+
+/// The CPU kernels' instruction set in this process: `"avx512"`, `"avx2"`, `"neon"` or
+/// `"portable"` (see `EMBEDDER_RS_KERNEL`).
+pub fn kernel_name() -> &'static str {
+    simd::isa().name()
+}
 
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};

@@ -11,6 +11,7 @@
 //! vector loads from the panel. The bias (and GELU) are applied as the tile is stored.
 
 use super::super::activation::gelu_scalar;
+use super::super::simd::{isa, Isa};
 use super::SendPtr;
 
 /// Columns per packed panel (two AVX-512 vectors).
@@ -239,26 +240,16 @@ pub struct Tile<'a> {
 
 type Kernel = fn(&Tile<'_>);
 
-/// The widest kernel this CPU runs, chosen once. `EMBEDDER_RS_KERNEL` = `avx2` or
-/// `portable` forces a narrower one (to measure them against each other on one machine).
+/// The tile for the instruction set [`isa`] chose (`EMBEDDER_RS_KERNEL` = `avx2` or
+/// `portable` forces a narrower one, to measure them against each other on one machine).
 fn kernel() -> Kernel {
-    use std::sync::OnceLock;
-    static CHOSEN: OnceLock<Kernel> = OnceLock::new();
-    *CHOSEN.get_or_init(|| {
-        let forced = std::env::var("EMBEDDER_RS_KERNEL").unwrap_or_default();
+    match isa() {
         #[cfg(target_arch = "x86_64")]
-        {
-            let avx512 = std::arch::is_x86_feature_detected!("avx512f");
-            if avx512 && !matches!(forced.as_str(), "avx2" | "portable") {
-                return avx512::tile;
-            }
-            if avx2::available() && forced != "portable" {
-                return avx2::tile;
-            }
-        }
-        let _ = forced;
-        portable::tile
-    })
+        Isa::Avx512 => avx512::tile,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => avx2::tile,
+        _ => portable::tile,
+    }
 }
 
 /// Stores one accumulated row (`NR` values, the bias already added) into `out`, applying
@@ -317,10 +308,6 @@ mod avx2 {
 
     /// Rows per register block.
     const RB: usize = 6;
-
-    pub fn available() -> bool {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
 
     /// Rows `r0..r0 + ROWS`, columns `half * 16..+16`, over the whole of `k`, into `acc`
     /// (bias added).
@@ -560,10 +547,10 @@ mod tests {
         let mut kernels: Vec<(&str, Kernel)> = vec![("portable", portable::tile)];
         #[cfg(target_arch = "x86_64")]
         {
-            if avx2::available() {
+            if Isa::available().contains(&Isa::Avx2) {
                 kernels.push(("avx2", avx2::tile));
             }
-            if std::arch::is_x86_feature_detected!("avx512f") {
+            if Isa::available().contains(&Isa::Avx512) {
                 kernels.push(("avx512", avx512::tile));
             }
         }
