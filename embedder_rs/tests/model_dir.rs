@@ -1,14 +1,23 @@
-//! Runs the real model when `EMBEDDER_RS_MODEL_DIR` names a sentence-transformers
-//! directory (config.json, model.safetensors, tokenizer.json); otherwise passes
-//! after saying it was skipped.
+//! The real model on the CPU, from `EMBEDDER_RS_MODEL_DIR` (a sentence-transformers
+//! directory: config.json, model.safetensors, tokenizer.json).
+//!
+//! Set but wrong, the test fails. Unset, it passes after saying it was skipped, unless
+//! `EMBEDDER_RS_REQUIRE_MODEL=1` says the model is expected (scripts/run_tests.sh, so
+//! `make test`, sets both from the Python side's model package): then it fails.
 
 use embedder_rs::{BackendKind, Embedder, EmbedderOptions};
 
+const DIR_VAR: &str = "EMBEDDER_RS_MODEL_DIR";
+const REQUIRE_VAR: &str = "EMBEDDER_RS_REQUIRE_MODEL";
+
 fn model_dir() -> Option<String> {
-    match std::env::var("EMBEDDER_RS_MODEL_DIR") {
+    match std::env::var(DIR_VAR) {
         Ok(dir) if !dir.is_empty() => Some(dir),
+        _ if std::env::var(REQUIRE_VAR).is_ok_and(|v| v == "1") => {
+            panic!("{REQUIRE_VAR}=1 but {DIR_VAR} is not set: the real-model test cannot run")
+        }
         _ => {
-            eprintln!("EMBEDDER_RS_MODEL_DIR not set: skipping the real-model test");
+            eprintln!("{DIR_VAR} not set: skipping the real-model test");
             None
         }
     }
@@ -28,7 +37,8 @@ fn embeds_with_the_real_model_on_cpu() {
         backend: "cpu".into(),
         ..Default::default()
     };
-    let embedder = Embedder::load(&dir, &options).expect("model loads");
+    let embedder = Embedder::load(&dir, &options)
+        .unwrap_or_else(|e| panic!("{DIR_VAR}={dir}: the model does not load: {e}"));
     assert_eq!(embedder.backend(), BackendKind::Cpu);
     let dim = embedder.dim();
     let long = "word ".repeat(400);
@@ -56,4 +66,10 @@ fn embeds_with_the_real_model_on_cpu() {
     let counts = embedder.count_tokens(&texts).unwrap();
     assert_eq!(counts[3], 2); // [CLS] [SEP]
     assert_eq!(counts[5], embedder.max_seq_length());
+    // shown by `cargo test -- --show-output` (scripts/run_tests.sh): which model ran
+    println!(
+        "real model from {dir}: {} texts, dim {dim}, cos(cat, kitten) {:.4}",
+        texts.len(),
+        cosine(row(0), row(1))
+    );
 }

@@ -10,14 +10,13 @@ import sys
 import pytest
 
 from testkit.harness import ROOT
+from tests.native import require_embedder_rs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_flip_demo_flips_or_names_the_gate():
-    rs = pytest.importorskip("embedder_rs", reason="embedder_rs is not built (make install)")
-    if not hasattr(rs, "Embedder"):  # the source folder alone imports as a namespace
-        pytest.skip("embedder_rs is not built (make install)")
+    require_embedder_rs()
     out = subprocess.run(
         [sys.executable, "-m", "bench.flip", "--timeout", "600"],
         cwd=ROOT,

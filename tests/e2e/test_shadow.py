@@ -13,6 +13,7 @@ from ragplane.v1 import admin_pb2, common_pb2, embed_pb2, index_pb2, search_pb2
 from server.embedding.fake import FakeEmbedder
 from testkit.harness import InProcessServer
 from testkit.texts import corpus
+from tests.native import require_embedder_rs
 
 pytestmark = pytest.mark.e2e
 
@@ -220,7 +221,7 @@ def test_unknown_case_and_no_pairs(server, tmp_path):
 def test_real_embedder_rs_fills_in_agreement(tmp_path, onnx_model):
     """The shipped pair (canonical model, embedder_rs) at sample rate 1.0 on real text:
     the evidence gets real agreement numbers and G1's cosine criteria hold."""
-    pytest.importorskip("embedder_rs", reason="embedder_rs is not built (make install)")
+    require_embedder_rs()
     from server.embedding.rust import RustEmbedder
 
     rust = RustEmbedder(device="cpu")

