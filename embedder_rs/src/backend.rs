@@ -38,6 +38,8 @@ pub struct SelectedDevice {
     pub adapter: String,
     /// Whether the wgpu adapter is a software rasteriser rather than a real GPU.
     pub software: bool,
+    /// Why this backend: what was asked for and, for `"auto"`, what it found.
+    pub reason: String,
 }
 
 /// The wgpu runtime can be initialised once per process; keep its outcome.
@@ -67,6 +69,7 @@ fn init_wgpu() -> std::result::Result<SelectedDevice, String> {
                 kind: BackendKind::Wgpu,
                 adapter,
                 software,
+                reason: "wgpu asked for".into(),
             })
         }
         Ok(Err(e)) => Err(format!("wgpu initialisation failed: {e}")),
@@ -90,19 +93,87 @@ pub fn cpu_device() -> SelectedDevice {
         kind: BackendKind::Cpu,
         adapter: format!("burn-flex CPU ({threads} threads)"),
         software: false,
+        reason: "cpu asked for".into(),
+    }
+}
+
+/// Device nodes through which a GPU driver is reached on Linux: DRM render nodes (AMD,
+/// Intel, Mesa drivers), NVIDIA's proprietary driver, WSL2's GPU paravirtualisation.
+#[cfg(target_os = "linux")]
+fn gpu_device_node(dev: &std::path::Path) -> Option<String> {
+    for fixed in ["nvidiactl", "dxg"] {
+        if dev.join(fixed).exists() {
+            return Some(format!("/dev/{fixed}"));
+        }
+    }
+    std::fs::read_dir(dev.join("dri"))
+        .ok()?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|name| name.starts_with("renderD"))
+        .map(|name| format!("/dev/dri/{name}"))
+}
+
+/// Whether `"auto"` should probe wgpu at all, and why (or why not). Creating a Vulkan
+/// instance loads every installed driver; without a GPU that finds only a software
+/// rasteriser (which `auto` never takes), and Mesa's window-system code prints
+/// "error: XDG_RUNTIME_DIR is invalid" lines to stderr on the way, from C, where no Rust
+/// code can catch them. On Linux a hardware GPU is reachable only through a device node,
+/// so without one the probe is skipped. Elsewhere (Metal, DX12) it always runs.
+fn worth_probing() -> (bool, String) {
+    #[cfg(target_os = "linux")]
+    {
+        match gpu_device_node(std::path::Path::new("/dev")) {
+            Some(node) => (true, format!("{node} present")),
+            None => (
+                false,
+                "no GPU device node (/dev/dri/renderD*, /dev/nvidiactl, /dev/dxg), wgpu not probed"
+                    .into(),
+            ),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        (true, "not Linux".into())
+    }
+}
+
+/// `"auto"`: wgpu when its adapter is a hardware GPU, else the CPU; `reason` says which
+/// and why.
+fn auto_device() -> SelectedDevice {
+    let (probe, found) = worth_probing();
+    if !probe {
+        return SelectedDevice {
+            reason: format!("auto: {found}"),
+            ..cpu_device()
+        };
+    }
+    match wgpu_device() {
+        Ok(d) if !d.software => SelectedDevice {
+            reason: format!("auto: {found}, wgpu adapter {}", d.adapter),
+            ..d
+        },
+        Ok(d) => SelectedDevice {
+            reason: format!(
+                "auto: {found}, but wgpu's adapter is software ({})",
+                d.adapter
+            ),
+            ..cpu_device()
+        },
+        Err(e) => SelectedDevice {
+            reason: format!("auto: {found}, but {e}"),
+            ..cpu_device()
+        },
     }
 }
 
 /// Resolves `"cpu"`, `"wgpu"` or `"auto"` (wgpu when a hardware GPU adapter exists,
-/// else cpu).
+/// else cpu; on Linux without a GPU device node wgpu is not even probed).
 pub fn select(backend: &str) -> Result<SelectedDevice> {
     match backend.to_ascii_lowercase().as_str() {
         "cpu" | "flex" => Ok(cpu_device()),
         "wgpu" | "gpu" | "vulkan" => wgpu_device().map_err(EmbedderError::Backend),
-        "auto" => Ok(match wgpu_device() {
-            Ok(d) if !d.software => d,
-            _ => cpu_device(),
-        }),
+        "auto" => Ok(auto_device()),
         other => Err(EmbedderError::Backend(format!(
             "unknown backend {other:?}; expected \"auto\", \"cpu\" or \"wgpu\""
         ))),
@@ -136,5 +207,34 @@ mod tests {
         assert_eq!(d.kind, BackendKind::Cpu);
         assert!(d.adapter.contains("flex"));
         assert!(d.device == Device::flex());
+        assert_eq!(d.reason, "cpu asked for");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn gpu_device_nodes_are_found_by_name() {
+        let dev = std::env::temp_dir().join(format!("embedder_rs_dev_{}", std::process::id()));
+        std::fs::create_dir_all(dev.join("dri")).unwrap();
+        std::fs::write(dev.join("dri").join("card0"), b"").unwrap();
+        // a display-only card node is not a render node
+        assert_eq!(gpu_device_node(&dev), None);
+        std::fs::write(dev.join("dri").join("renderD128"), b"").unwrap();
+        assert_eq!(
+            gpu_device_node(&dev).as_deref(),
+            Some("/dev/dri/renderD128")
+        );
+        std::fs::write(dev.join("nvidiactl"), b"").unwrap();
+        assert_eq!(gpu_device_node(&dev).as_deref(), Some("/dev/nvidiactl"));
+        std::fs::remove_dir_all(&dev).ok();
+    }
+
+    /// `auto` always resolves (to the CPU when no hardware GPU answers) and says why.
+    #[test]
+    fn auto_says_what_it_found() {
+        let d = select("auto").unwrap();
+        assert!(d.reason.starts_with("auto: "), "{}", d.reason);
+        if d.kind == BackendKind::Cpu {
+            assert!(!d.software);
+        }
     }
 }

@@ -185,6 +185,11 @@ impl Embedder {
         }
     }
 
+    /// Why this backend: what was asked for and, for `"auto"`, what it found.
+    pub fn backend_reason(&self) -> &str {
+        &self.device.reason
+    }
+
     /// Adapter (GPU name, or CPU description) actually in use.
     pub fn adapter(&self) -> &str {
         &self.device.adapter

@@ -83,6 +83,13 @@ impl PyEmbedder {
         self.inner.backend().name()
     }
 
+    /// Why this backend: what was asked for and, for "auto", what it found (e.g. "auto: no
+    /// GPU device node (...), wgpu not probed").
+    #[getter]
+    fn backend_reason(&self) -> String {
+        self.inner.backend_reason().to_string()
+    }
+
     /// The kernels in use: "avx512", "avx2", "neon" or "portable" (the CPU's instruction
     /// set, as the host kernels chose it), or "wgpu".
     #[getter]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import numpy as np
 from server.embedding.base import Identified
 from server.embedding.model_files import default_model_dir
 from server.embedding.tokens import TokenCounter
+
+log = logging.getLogger(__name__)
 
 
 class RustEmbedder(Identified):
@@ -41,6 +44,15 @@ class RustEmbedder(Identified):
         self.kernel = getattr(self._e, "kernel", "")
         self.model = path.name if path.name != "model" else "all-MiniLM-L6-v2"
         self._tokens = TokenCounter(path, max_seq_length)
+        # one line for what the backend choice found (device="auto" on Linux probes wgpu
+        # only when a GPU device node exists: the probe's driver noise is gone)
+        log.info(
+            "embedder_rs %s on %s, kernel %s (%s)",
+            self.version,
+            self.device,
+            self.kernel,
+            getattr(self._e, "backend_reason", f"{device} asked for"),
+        )
 
     def embed(self, texts: Sequence[str], normalize: bool = True) -> np.ndarray:
         try:

@@ -29,6 +29,10 @@ class Embedder:
     @property
     def backend(self) -> Literal["cpu", "wgpu"]: ...
     @property
+    def backend_reason(self) -> str:
+        """Why this backend: what was asked for and, for "auto", what it found (on Linux
+        without a GPU device node, wgpu is not probed at all)."""
+    @property
     def kernel(self) -> Literal["avx512", "avx2", "neon", "portable", "wgpu"]:
         """The kernels in use: the CPU's vector instruction set the host kernels chose
         (`EMBEDDER_RS_KERNEL` may force a narrower one), or "wgpu" on that backend."""
