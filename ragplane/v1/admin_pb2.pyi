@@ -127,7 +127,7 @@ class GateResult(_message.Message):
     def __init__(self, name: _Optional[str] = ..., passed: _Optional[bool] = ..., value: _Optional[str] = ..., missing: _Optional[str] = ...) -> None: ...
 
 class ReleaseEvidence(_message.Message):
-    __slots__ = ("shadow", "samples", "cosine_min", "cosine_p1", "cosine_mean", "overlap_at_10", "time_ratio", "time_ratio_upper", "aa_time_ratio", "errors", "dropped", "passed_g1", "passed_g2", "probes", "timed_batches", "canonical", "hardware", "phase", "seconds", "batches", "last_error", "classes")
+    __slots__ = ("shadow", "samples", "cosine_min", "cosine_p1", "cosine_mean", "overlap_at_10", "time_ratio", "time_ratio_upper", "aa_time_ratio", "errors", "dropped", "passed_g1", "passed_g2", "probes", "timed_batches", "canonical", "hardware", "phase", "seconds", "batches", "last_error", "classes", "bb_time_ratio")
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     COSINE_MIN_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,7 @@ class ReleaseEvidence(_message.Message):
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     CLASSES_FIELD_NUMBER: _ClassVar[int]
+    BB_TIME_RATIO_FIELD_NUMBER: _ClassVar[int]
     shadow: str
     samples: int
     cosine_min: float
@@ -172,10 +173,11 @@ class ReleaseEvidence(_message.Message):
     batches: int
     last_error: str
     classes: _containers.RepeatedCompositeFieldContainer[ClassEvidence]
-    def __init__(self, shadow: _Optional[str] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_p1: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., overlap_at_10: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ..., probes: _Optional[int] = ..., timed_batches: _Optional[int] = ..., canonical: _Optional[str] = ..., hardware: _Optional[str] = ..., phase: _Optional[str] = ..., seconds: _Optional[float] = ..., batches: _Optional[int] = ..., last_error: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[ClassEvidence, _Mapping]]] = ...) -> None: ...
+    bb_time_ratio: float
+    def __init__(self, shadow: _Optional[str] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_p1: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., overlap_at_10: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ..., probes: _Optional[int] = ..., timed_batches: _Optional[int] = ..., canonical: _Optional[str] = ..., hardware: _Optional[str] = ..., phase: _Optional[str] = ..., seconds: _Optional[float] = ..., batches: _Optional[int] = ..., last_error: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[ClassEvidence, _Mapping]]] = ..., bb_time_ratio: _Optional[float] = ...) -> None: ...
 
 class ClassEvidence(_message.Message):
-    __slots__ = ("name", "batches", "share", "samples", "cosine_min", "cosine_mean", "time_ratio", "time_ratio_upper", "aa_time_ratio", "timed_batches", "errors", "dropped", "carried", "passed_g1", "passed_g2")
+    __slots__ = ("name", "batches", "share", "samples", "cosine_min", "cosine_mean", "time_ratio", "time_ratio_upper", "aa_time_ratio", "timed_batches", "errors", "dropped", "carried", "passed_g1", "passed_g2", "bb_time_ratio")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +193,7 @@ class ClassEvidence(_message.Message):
     CARRIED_FIELD_NUMBER: _ClassVar[int]
     PASSED_G1_FIELD_NUMBER: _ClassVar[int]
     PASSED_G2_FIELD_NUMBER: _ClassVar[int]
+    BB_TIME_RATIO_FIELD_NUMBER: _ClassVar[int]
     name: str
     batches: int
     share: float
@@ -206,7 +209,8 @@ class ClassEvidence(_message.Message):
     carried: bool
     passed_g1: bool
     passed_g2: bool
-    def __init__(self, name: _Optional[str] = ..., batches: _Optional[int] = ..., share: _Optional[float] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., timed_batches: _Optional[int] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., carried: _Optional[bool] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ...) -> None: ...
+    bb_time_ratio: float
+    def __init__(self, name: _Optional[str] = ..., batches: _Optional[int] = ..., share: _Optional[float] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., timed_batches: _Optional[int] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., carried: _Optional[bool] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ..., bb_time_ratio: _Optional[float] = ...) -> None: ...
 
 class FlipEvent(_message.Message):
     __slots__ = ("at", "action", "serving", "forced", "reason")

@@ -7,8 +7,9 @@ class (server.shadow.classes):
     cosines, so the 1st percentile is exact while the count is at most 100 x MAX_LOW), or
     failed (an error: the shadow raised, or gave NaN, infinite, misshapen or miscounted
     vectors), or dropped (the queue was full);
-  * every timed batch: its three times (canonical, shadow, canonical), the latest
-    MAX_TIMINGS per class, for server.shadow.timing's estimator;
+  * every timed batch: its three times and their order (canonical, shadow, canonical or
+    shadow, canonical, shadow), the latest MAX_TIMINGS per class, for
+    server.shadow.timing's estimator;
   * overlap@10 of the probe set (the latest measurement).
 Evidence is always shadow-vs-canonical as declared, whichever of the two is serving. The
 gates that read it live in server.shadow.gates. A data directory from before per-class
@@ -30,6 +31,7 @@ from pathlib import Path
 from core.sqlite import connect, transaction
 from core.storage import storage_errors
 from server.shadow.classes import NAMES
+from server.shadow.timing import Timing
 from server.shadow.types import FlipEvent
 
 _KEY = (
@@ -45,10 +47,10 @@ CREATE TABLE IF NOT EXISTS class_evidence (
   last_error TEXT NOT NULL DEFAULT '', dropped INTEGER NOT NULL DEFAULT 0,
   first_at REAL NOT NULL, updated_at REAL NOT NULL,
   PRIMARY KEY (use_case, release, canonical, hardware, phase, class));
-CREATE TABLE IF NOT EXISTS timings (
+CREATE TABLE IF NOT EXISTS batch_timings (
   {_KEY}, class TEXT NOT NULL, at REAL NOT NULL,
-  canonical_before REAL NOT NULL, shadow REAL NOT NULL, canonical_after REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS timings_key ON timings (use_case, release, phase, class);
+  t1 REAL NOT NULL, t2 REAL NOT NULL, t3 REAL NOT NULL, shadow_first INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS batch_timings_key ON batch_timings (use_case, release, phase, class);
 CREATE TABLE IF NOT EXISTS overlap (
   {_KEY}, overlap REAL NOT NULL, probes INTEGER NOT NULL, updated_at REAL NOT NULL,
   PRIMARY KEY (use_case, release, canonical, hardware, phase));
@@ -89,7 +91,7 @@ class ClassRow:
     dropped: int
     first_at: float
     updated_at: float
-    timings: list[tuple[float, float, float]]
+    timings: list[Timing]
 
 
 @dataclass(frozen=True)
@@ -178,19 +180,20 @@ class EvidenceStore:
             )
 
     def record_timing(
-        self, key: EvidenceKey, cls: str, before: float, shadow: float, after: float
+        self, key: EvidenceKey, cls: str, t1: float, t2: float, t3: float, shadow_first: bool
     ) -> None:
-        """One A/B/A-timed batch of `cls` (seconds: canonical, shadow, canonical)."""
+        """One timed batch of `cls`: its three runs' seconds, in the order they ran
+        (shadow, canonical, shadow when `shadow_first`, else canonical, shadow, canonical)."""
         with self._writing():
             self._ensure(key, cls)
             cur = self._db.execute(
-                "INSERT INTO timings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (*key.row(), cls, time.time(), before, shadow, after),
+                "INSERT INTO batch_timings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*key.row(), cls, time.time(), t1, t2, t3, int(shadow_first)),
             )
             if (cur.lastrowid or 0) % 1000 == 0:
                 self._db.execute(
-                    f"DELETE FROM timings WHERE {self._WHERE} AND class = ? AND rowid NOT IN "
-                    f"(SELECT rowid FROM timings WHERE {self._WHERE} AND class = ? "
+                    f"DELETE FROM batch_timings WHERE {self._WHERE} AND class = ? AND rowid "
+                    f"NOT IN (SELECT rowid FROM batch_timings WHERE {self._WHERE} AND class = ? "
                     "ORDER BY rowid DESC LIMIT ?)",
                     (*key.row(), cls, *key.row(), cls, MAX_TIMINGS),
                 )
@@ -205,7 +208,7 @@ class EvidenceStore:
     def clear(self, use_case: str, release: str, phase: str) -> None:
         """Forget `phase`'s evidence of a release (a new flip starts a new watch)."""
         with self._writing():
-            for table in ("class_evidence", "timings", "overlap"):
+            for table in ("class_evidence", "batch_timings", "overlap"):
                 self._db.execute(
                     f"DELETE FROM {table} WHERE use_case = ? AND release = ? AND phase = ?",
                     (use_case, release, phase),
@@ -221,13 +224,13 @@ class EvidenceStore:
             "WHERE use_case = ? AND phase = ? ORDER BY first_at",
             (use_case, phase),
         ).fetchall()
-        timings: dict[tuple, list[tuple[float, float, float]]] = defaultdict(list)
-        for *k, a1, b, a2 in self._db.execute(
-            "SELECT release, canonical, hardware, class, canonical_before, shadow, "
-            "canonical_after FROM timings WHERE use_case = ? AND phase = ? ORDER BY rowid",
+        timings: dict[tuple, list[Timing]] = defaultdict(list)
+        for *k, t1, t2, t3, shadow_first in self._db.execute(
+            "SELECT release, canonical, hardware, class, t1, t2, t3, shadow_first FROM "
+            "batch_timings WHERE use_case = ? AND phase = ? ORDER BY rowid",
             (use_case, phase),
         ):
-            timings[tuple(k)].append((a1, b, a2))
+            timings[tuple(k)].append((t1, t2, t3, bool(shadow_first)))
         overlaps = {
             tuple(k): (o, p)
             for *k, o, p in self._db.execute(

@@ -3,9 +3,9 @@
   * G1 agreement: enough compared vectors and probes; no shadow error at all; the worst
     vector of every class >= min_cosine; the mean of every carried class >= mean_cosine;
     overlap@10 >= min_overlap.
-  * G2 performance: in every carried class, enough A/B/A-timed batches, an A/A floor
-    within max_aa_ratio, and the upper 95% bound of server.shadow.timing's estimate
-    <= max_time_ratio.
+  * G2 performance: in every carried class, enough timed batches (A/B/A and B/A/B in
+    turn), the canonical's A/A floor within max_aa_ratio of the shadow's B/B floor, and the
+    upper 95% bound of server.shadow.timing's estimate <= max_time_ratio.
   * G3 stability: at least min_releases distinct shadow releases passed G1 and G2 with no
     errors, each measured against the canonical and on the hardware class of the decision
     at hand, over at least min_release_hours of shadow time and min_release_batches
@@ -46,6 +46,7 @@ def _class(name: str, row: ClassRow, total: int, g: Gates) -> ClassEvidence:
         time_ratio=t.ratio,
         time_ratio_upper=t.upper,
         aa_time_ratio=t.aa,
+        bb_time_ratio=t.bb,
         timed_batches=t.batches,
         errors=row.errors,
         dropped=row.dropped,
@@ -62,8 +63,10 @@ def carried(c: ClassEvidence, g: Gates) -> bool:
     return c.batches > 0 and c.share >= g.min_class_share
 
 
-def aa_within(aa: float, g: Gates) -> bool:
-    return aa > 0 and abs(math.log(aa)) <= math.log(g.max_aa_ratio) + 1e-12
+def floors_agree(aa: float, bb: float, g: Gates) -> bool:
+    """Both orders were timed and the shadow slows the canonical no more than
+    max_aa_ratio beyond what the canonical does to the shadow (server.shadow.timing)."""
+    return aa > 0 and bb > 0 and abs(math.log(aa / bb)) <= math.log(g.max_aa_ratio) + 1e-12
 
 
 def class_g1(c: ClassEvidence, g: Gates) -> bool:
@@ -78,7 +81,7 @@ def class_g1(c: ClassEvidence, g: Gates) -> bool:
 def class_g2(c: ClassEvidence, g: Gates) -> bool:
     return (
         c.timed_batches >= g.min_timed_batches
-        and aa_within(c.aa_time_ratio, g)
+        and floors_agree(c.aa_time_ratio, c.bb_time_ratio, g)
         and c.time_ratio_upper <= g.max_time_ratio
     )
 
@@ -104,6 +107,7 @@ def release_evidence(s: StoredRelease, g: Gates) -> ReleaseEvidence:
         time_ratio=pooled.ratio,
         time_ratio_upper=pooled.upper,
         aa_time_ratio=pooled.aa,
+        bb_time_ratio=pooled.bb,
         timed_batches=pooled.batches,
         errors=sum(r.errors for r in rows),
         dropped=sum(r.dropped for r in rows),
@@ -180,7 +184,7 @@ def _class_line(c: ClassEvidence, g: Gates, *, timing: bool) -> str:
     if timing:
         return (
             f"{head}: ratio={c.time_ratio:.3f} upper95={c.time_ratio_upper:.3f} "
-            f"A/A={c.aa_time_ratio:.3f} over {c.timed_batches} batches"
+            f"A/A={c.aa_time_ratio:.3f} B/B={c.bb_time_ratio:.3f} over {c.timed_batches} batches"
         )
     return f"{head}: n={c.samples} min={c.cosine_min:.6f} mean={c.cosine_mean:.7f}"
 
@@ -210,11 +214,11 @@ def _g2_missing(cur: ReleaseEvidence, g: Gates) -> list[str]:
     for c in _carried(cur, g):
         if c.timed_batches < g.min_timed_batches:
             miss.append(f"{c.name}: {g.min_timed_batches - c.timed_batches} more timed batches")
-        elif not aa_within(c.aa_time_ratio, g):
+        elif not floors_agree(c.aa_time_ratio, c.bb_time_ratio, g):
             miss.append(
-                f"{c.name}: A/A floor {c.aa_time_ratio:.3f} outside 1/{g.max_aa_ratio:g}.."
-                f"{g.max_aa_ratio:g}, so these timings prove nothing (the canonical ran at "
-                "another speed after the shadow than before it)"
+                f"{c.name}: the canonical's A/A floor {c.aa_time_ratio:.3f} against the "
+                f"shadow's B/B {c.bb_time_ratio:.3f} differ by more than {g.max_aa_ratio:g}x "
+                "(one slows the other), so these timings prove nothing"
             )
         elif c.time_ratio_upper > g.max_time_ratio:
             miss.append(
@@ -243,8 +247,8 @@ def performance_gate(cur: ReleaseEvidence, g: Gates) -> GateResult:
         "G2 performance",
         cur.passed_g2,
         f"ratio={cur.time_ratio:.3f} upper95={cur.time_ratio_upper:.3f} "
-        f"A/A={cur.aa_time_ratio:.3f} over {cur.timed_batches} batches (pooled); "
-        + "; ".join(_class_line(c, g, timing=True) for c in cur.classes),
+        f"A/A={cur.aa_time_ratio:.3f} B/B={cur.bb_time_ratio:.3f} over {cur.timed_batches} "
+        "batches (pooled); " + "; ".join(_class_line(c, g, timing=True) for c in cur.classes),
         "; ".join(_g2_missing(cur, g)),
     )
 
@@ -320,7 +324,8 @@ def watch_verdict(ev: ReleaseEvidence, g: Gates) -> tuple[tuple[GateResult, ...]
         if (
             c.carried
             and c.timed_batches >= g.min_timed_batches
-            and aa_within(c.aa_time_ratio, g)
+            and floors_agree(c.aa_time_ratio, c.bb_time_ratio, g)
+            and math.isfinite(c.time_ratio_upper)  # infinite: too few blocks to bound yet
             and c.time_ratio_upper > g.max_time_ratio
         ):
             g2.append(

@@ -4,8 +4,9 @@ the gates, and the flip.
 It is the EmbeddingService's ShadowHook: `serving()` says which embedder answers a case,
 `observe()` offers each answered batch to the case's experiment (sampled, queued, never
 waited on). The experiment's worker embeds the same texts with the other embedder of the
-pair; a share of samples is also timed A/B/A on the same texts — canonical, shadow,
-canonical — so throughput is compared on identical batches with an A/A noise floor.
+pair; a share of samples is also timed on the same texts — canonical, shadow, canonical
+and shadow, canonical, shadow in turn — so throughput is compared on identical batches,
+unbiased by the order of the runs, with each side's A/A noise floor.
 
 Every sampled batch ends as evidence: compared, failed (an error the gates see) or dropped
 (counted). Evidence is kept per traffic class and per phase: before a flip the gates
@@ -65,6 +66,8 @@ class _Case:
     # the flip now in force was forced by an admin: the watch reports, but does not undo,
     # what an admin chose against the gates
     forced: bool = False
+    # timed batches so far per traffic class: the order of the runs alternates in each
+    timed: dict[str, int] = field(default_factory=dict)
     experiment: Experiment | None = None
     probes: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     published: int = 0
@@ -174,10 +177,17 @@ class ShadowManager:
             # work on the calling thread, embedder_rs all of it on its own pool, so timing
             # both from a nice-19 thread charged the canonical alone for the low priority
             # (measured on 2 cores: A/B/A ratio 0.09 niced vs 0.37 at normal priority).
-            shadow_vecs, canon_vecs, timing = self._timing.submit(self._aba, case, texts).result()
+            cls = self._class_of(case, batch)
+            shadow_first = case.timed.get(cls, 0) % 2 == 1
+            case.timed[cls] = case.timed.get(cls, 0) + 1
+            shadow_vecs, canon_vecs, timing = self._timing.submit(
+                self._aba, case, texts, shadow_first
+            ).result()
             extra["timing"] = timing
             value = shadow_vecs if other is case.shadow else canon_vecs
-            duration = timing[1] if other is case.shadow else timing[2]
+            # the middle run is the one embedder, the outer two the other
+            middle_is_shadow = not timing[3]
+            duration = timing[1] if (other is case.shadow) == middle_is_shadow else timing[2]
         else:
             t0 = time.perf_counter()
             value = other.embed(texts, normalize=False)
@@ -185,22 +195,23 @@ class ShadowManager:
         return Observation(other.identity, value, None, duration), extra
 
     @staticmethod
-    def _aba(case: _Case, texts: list[str]):
-        """A/B/A on the very same texts: canonical, shadow, canonical, each after the
-        case's pause (server.shadow.timing says how the three times are read)."""
+    def _aba(case: _Case, texts: list[str], shadow_first: bool):
+        """Three embeds of the very same texts, canonical-shadow-canonical or, with
+        `shadow_first`, shadow-canonical-shadow (the caller alternates them in each traffic
+        class), each after the case's pause (server.shadow.timing says why both orders,
+        and how the times are read). Returns the shadow's and the canonical's vectors and
+        (t1, t2, t3, shadow_first)."""
         pause = case.cfg.timing_pause_ms / 1000
-
-        def timed(e: Embedder):
+        a, b = (case.shadow, case.canonical) if shadow_first else (case.canonical, case.shadow)
+        times, out = [], {}
+        for e in (a, b, a):
             if pause:
                 time.sleep(pause)
             t0 = time.perf_counter()
-            out = e.embed(texts, normalize=False)
-            return out, time.perf_counter() - t0
-
-        _, before = timed(case.canonical)
-        shadow_vecs, shadow_s = timed(case.shadow)
-        canon_vecs, after = timed(case.canonical)
-        return shadow_vecs, canon_vecs, (before, shadow_s, after)
+            out[e.identity] = e.embed(texts, normalize=False)
+            times.append(time.perf_counter() - t0)
+        timing = (times[0], times[1], times[2], shadow_first)
+        return out[case.shadow.identity], out[case.canonical.identity], timing
 
     @staticmethod
     def _compare(control: np.ndarray, candidate: np.ndarray, *, min_cosine: float):

@@ -1,25 +1,31 @@
 """G2's estimator: shadow time / canonical time on the same batches, and how sure we are.
 
-Each timed batch is run three times on the very same texts: canonical (a1), shadow (b),
-canonical (a2). Two estimates of log(shadow / canonical) come from it:
+Each timed batch runs three embeds of the very same texts, in one of two orders that
+alternate batch by batch: canonical, shadow, canonical (A/B/A) or shadow, canonical,
+shadow (B/A/B). Per batch, in logs,
 
-  * d_mid    = log b - (log a1 + log a2) / 2   -- unbiased when the clock drifts linearly;
-  * d_before = log b - log a1                  -- unbiased when running the shadow slows the
-                                                 canonical that follows it (threads left
-                                                 spinning, caches evicted).
+    A/B/A:  d = log t2 - (log t1 + log t3) / 2        floor_A = log t3 - log t1
+    B/A/B:  d = (log t1 + log t3) / 2 - log t2        floor_B = log t3 - log t1
 
-The A/A floor, log(a2 / a1), cannot tell those two apart: a positive floor may be drift or
-interference. So the verdict takes whichever estimate is worse for the shadow, and a run
-whose floor lies outside [1 / max_aa_ratio, max_aa_ratio] proves nothing at all.
+Why both orders: whatever makes the third run of a batch slower than the first (a sample
+is taken right after a request was answered, so the next request tends to land on the
+third run; caches; frequency) biases A/B/A alone in the shadow's favour by half that
+effect. It enters d with opposite signs in the two orders, so their average is unbiased
+for any effect of position. What position cannot explain is one embedder slowing the
+other (threads left spinning, caches evicted): it shows as a difference between the
+canonical's floor (A/A: the canonical after the shadow against before it) and the
+shadow's (B/B). So
 
-Consecutive batches are not independent (load, frequency and cache state persist), so the
-upper bound is a batch-means bound: the n per-batch estimates are cut into m consecutive
-blocks of b = floor(sqrt(n)) batches (the oldest n - m*b are left out), and
-
-    upper = exp( mean + t(0.95, m - 1) * sd(block means) / sqrt(m) )
-
-with Student's t for m - 1 degrees of freedom, one-sided 95%. With fewer than 2 blocks there
-is no bound (infinite).
+  * the ratio is exp(mean d);
+  * the upper bound is a batch-means bound: the n per-batch d are cut into m consecutive
+    blocks of b batches (b = floor(sqrt(n)) rounded up to even, so each block holds both
+    orders alike; the oldest n - m*b are left out), and
+        upper = exp( mean + t(0.95, m - 1) * sd(block means) / sqrt(m) + max(0, asym) )
+    with Student's t for m - 1 degrees of freedom, one-sided 95%, widened by the measured
+    asymmetry asym = mean(floor_A) - mean(floor_B) where it favours the shadow;
+  * a run proves nothing -- G2 fails whatever the ratio -- unless both orders were timed
+    and |asym| <= log(max_aa_ratio).
+With fewer than 2 blocks there is no bound (infinite).
 """
 
 from __future__ import annotations
@@ -31,27 +37,38 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+# one timed batch: (first, second, third run in seconds, whether the shadow ran first)
+Timing = tuple[float, float, float, bool]
+
 
 @dataclass(frozen=True)
 class TimeRatio:
-    ratio: float  # exp(mean) of the worse estimate; 0.0 without timings
-    upper: float  # one-sided 95% upper bound of the same; inf with too few blocks
-    aa: float  # exp(mean log(a2 / a1)): the A/A noise floor; 0.0 without timings
+    ratio: float  # exp(mean d); 0.0 without timings
+    upper: float  # one-sided 95% upper bound, widened by the asymmetry; inf: too few blocks
+    aa: float  # exp(mean floor_A): the canonical after the shadow / before it; 0.0: none
+    bb: float  # exp(mean floor_B): the shadow after the canonical / before it; 0.0: none
     batches: int
     blocks: int
-    estimate: str  # "mid" | "before": which estimate the verdict took
 
-    def aa_within(self, max_aa_ratio: float) -> bool:
-        return self.batches > 0 and abs(math.log(self.aa)) <= math.log(max_aa_ratio) + 1e-12
+    @property
+    def asymmetry(self) -> float:
+        """aa / bb: how much more the shadow slows the canonical than the reverse (0.0
+        until both orders were timed)."""
+        return self.aa / self.bb if self.aa > 0 and self.bb > 0 else 0.0
+
+    def valid(self, max_aa_ratio: float) -> bool:
+        a = self.asymmetry
+        return a > 0 and abs(math.log(a)) <= math.log(max_aa_ratio) + 1e-12
 
 
-NONE = TimeRatio(0.0, math.inf, 0.0, 0, 0, "mid")
+NONE = TimeRatio(0.0, math.inf, 0.0, 0.0, 0, 0)
 
 
-def _upper(values: np.ndarray) -> tuple[float, float, int]:
-    """(mean, batch-means upper 95% bound, blocks) of per-batch log ratios, in log space."""
+def _bound(values: np.ndarray) -> tuple[float, float, int]:
+    """(mean, batch-means upper 95% bound, blocks) of per-batch log ratios."""
     n = len(values)
-    size = max(1, math.isqrt(n))
+    size = max(2, math.isqrt(n))
+    size += size % 2
     m = n // size
     if m < 2:
         return float(values.mean()), math.inf, m
@@ -60,23 +77,28 @@ def _upper(values: np.ndarray) -> tuple[float, float, int]:
     return mean, mean + float(stats.t.ppf(0.95, m - 1)) * sd / math.sqrt(m), m
 
 
-def estimate(timings: Sequence[tuple[float, float, float]]) -> TimeRatio:
-    """The G2 ratio of `timings` [(a1, b, a2) seconds, oldest first]; rows with a time
-    that is not positive are left out (a clock that did not move measured nothing)."""
-    rows = np.asarray([t for t in timings if min(t) > 0], dtype=np.float64).reshape(-1, 3)
-    if not len(rows):
+def estimate(timings: Sequence[Timing]) -> TimeRatio:
+    """The G2 ratio of `timings`, oldest first; a batch with a time that is not positive
+    is left out (a clock that did not move measured nothing)."""
+    rows = [t for t in timings if min(t[:3]) > 0]
+    if not rows:
         return NONE
-    la1, lb, la2 = np.log(rows[:, 0]), np.log(rows[:, 1]), np.log(rows[:, 2])
-    mid = _upper(lb - (la1 + la2) / 2)
-    before = _upper(lb - la1)
-    worse, name = (before, "before") if before[1] > mid[1] else (mid, "mid")
-    if not math.isfinite(worse[1]):  # no bound yet: report the larger point estimate
-        worse, name = (before, "before") if before[0] > mid[0] else (mid, "mid")
+    logs = np.log(np.asarray([t[:3] for t in rows], dtype=np.float64))
+    shadow_first = np.asarray([bool(t[3]) for t in rows])
+    mid = logs[:, 1] - (logs[:, 0] + logs[:, 2]) / 2
+    d = np.where(shadow_first, -mid, mid)
+    floor = logs[:, 2] - logs[:, 0]
+    fa = float(floor[~shadow_first].mean()) if (~shadow_first).any() else math.nan
+    fb = float(floor[shadow_first].mean()) if shadow_first.any() else math.nan
+    mean, upper, blocks = _bound(d)
+    asym = fa - fb
+    if math.isfinite(upper) and math.isfinite(asym):
+        upper += max(0.0, asym)
     return TimeRatio(
-        ratio=math.exp(worse[0]),
-        upper=math.exp(worse[1]) if math.isfinite(worse[1]) else math.inf,
-        aa=math.exp(float((la2 - la1).mean())),
+        ratio=math.exp(mean),
+        upper=math.exp(upper) if math.isfinite(upper) else math.inf,
+        aa=math.exp(fa) if math.isfinite(fa) else 0.0,
+        bb=math.exp(fb) if math.isfinite(fb) else 0.0,
         batches=len(rows),
-        blocks=worse[2],
-        estimate=name,
+        blocks=blocks,
     )

@@ -25,7 +25,8 @@ class ClassEvidence:
     cosine_mean: float = 0.0
     time_ratio: float = 0.0
     time_ratio_upper: float = 0.0
-    aa_time_ratio: float = 0.0
+    aa_time_ratio: float = 0.0  # the canonical after the shadow / before it (A/B/A batches)
+    bb_time_ratio: float = 0.0  # the shadow after the canonical / before it (B/A/B batches)
     timed_batches: int = 0
     errors: int = 0
     dropped: int = 0
@@ -55,6 +56,7 @@ class ReleaseEvidence:
     dropped: int = 0
     passed_g1: bool = False
     passed_g2: bool = False
+    bb_time_ratio: float = 0.0  # shadow / shadow: its floor, beside aa_time_ratio's
     canonical: str = ""  # name@version it was compared against
     hardware: str = ""  # e.g. "cpu x86_64 avx512", "gpu NVIDIA H200" (server.shadow.hardware)
     phase: str = "shadow"  # shadow: before a flip | watch: since the last flip

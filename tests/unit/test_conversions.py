@@ -163,12 +163,12 @@ def test_shadow_case_round_trip_with_classes_and_watch():
         ReleaseEvidence,
     )
 
-    cls = ClassEvidence("window", 7, 0.25, 70, 0.9999, 0.99999, 1.02, 1.04, 1.01, 31, 1, 2,
-                        True, False, True)  # fmt: skip
+    cls = ClassEvidence("window", 7, 0.25, 70, 0.9999, 0.99999, 1.02, 1.04, 1.01, 0.99, 31, 1,
+                        2, True, False, True)  # fmt: skip
     rel = ReleaseEvidence(
         "rs@2", 9, 0.9999, 0.99991, 0.99999, 0.98, 40, 0.9, 0.95, 1.0, 33, 1, 2, True, False,
         canonical="onnx@1", hardware="cpu x86_64 avx2", phase="watch", seconds=12.5,
-        batches=28, last_error="ShadowOutputError: NaN", classes=(cls,),
+        batches=28, last_error="ShadowOutputError: NaN", classes=(cls,), bb_time_ratio=1.01,
     )  # fmt: skip
     case = CaseStatus(
         "embeddings", "flipped", "auto", 0.1, "onnx@1", "rs@2", "rs@2",

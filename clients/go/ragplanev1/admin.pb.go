@@ -748,7 +748,7 @@ type ReleaseEvidence struct {
 	OverlapAt_10   float64                `protobuf:"fixed64,6,opt,name=overlap_at_10,json=overlapAt10,proto3" json:"overlap_at_10,omitempty"`
 	TimeRatio      float64                `protobuf:"fixed64,7,opt,name=time_ratio,json=timeRatio,proto3" json:"time_ratio,omitempty"`                  // shadow / canonical on the same batches
 	TimeRatioUpper float64                `protobuf:"fixed64,8,opt,name=time_ratio_upper,json=timeRatioUpper,proto3" json:"time_ratio_upper,omitempty"` // upper confidence bound
-	AaTimeRatio    float64                `protobuf:"fixed64,9,opt,name=aa_time_ratio,json=aaTimeRatio,proto3" json:"aa_time_ratio,omitempty"`          // canonical / canonical noise floor
+	AaTimeRatio    float64                `protobuf:"fixed64,9,opt,name=aa_time_ratio,json=aaTimeRatio,proto3" json:"aa_time_ratio,omitempty"`          // canonical after the shadow / before it (A/B/A batches)
 	Errors         int64                  `protobuf:"varint,10,opt,name=errors,proto3" json:"errors,omitempty"`
 	Dropped        int64                  `protobuf:"varint,11,opt,name=dropped,proto3" json:"dropped,omitempty"`
 	PassedG1       bool                   `protobuf:"varint,12,opt,name=passed_g1,json=passedG1,proto3" json:"passed_g1,omitempty"`
@@ -762,6 +762,7 @@ type ReleaseEvidence struct {
 	Batches        int64                  `protobuf:"varint,20,opt,name=batches,proto3" json:"batches,omitempty"`                               // sampled batches (compared, failed or dropped)
 	LastError      string                 `protobuf:"bytes,21,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`           // the latest shadow error, if any
 	Classes        []*ClassEvidence       `protobuf:"bytes,22,rep,name=classes,proto3" json:"classes,omitempty"`                                // the gates judge these, not the pooled numbers
+	BbTimeRatio    float64                `protobuf:"fixed64,23,opt,name=bb_time_ratio,json=bbTimeRatio,proto3" json:"bb_time_ratio,omitempty"` // shadow / shadow floor (B/A/B batches), beside aa_time_ratio
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -950,6 +951,13 @@ func (x *ReleaseEvidence) GetClasses() []*ClassEvidence {
 	return nil
 }
 
+func (x *ReleaseEvidence) GetBbTimeRatio() float64 {
+	if x != nil {
+		return x.BbTimeRatio
+	}
+	return 0
+}
+
 // The evidence of one traffic class (by the longest text of a batch, in tokens).
 type ClassEvidence struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -968,6 +976,7 @@ type ClassEvidence struct {
 	Carried        bool                   `protobuf:"varint,13,opt,name=carried,proto3" json:"carried,omitempty"` // enough of the traffic that G1 and G2 must hold here
 	PassedG1       bool                   `protobuf:"varint,14,opt,name=passed_g1,json=passedG1,proto3" json:"passed_g1,omitempty"`
 	PassedG2       bool                   `protobuf:"varint,15,opt,name=passed_g2,json=passedG2,proto3" json:"passed_g2,omitempty"`
+	BbTimeRatio    float64                `protobuf:"fixed64,16,opt,name=bb_time_ratio,json=bbTimeRatio,proto3" json:"bb_time_ratio,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -1105,6 +1114,13 @@ func (x *ClassEvidence) GetPassedG2() bool {
 		return x.PassedG2
 	}
 	return false
+}
+
+func (x *ClassEvidence) GetBbTimeRatio() float64 {
+	if x != nil {
+		return x.BbTimeRatio
+	}
+	return 0
 }
 
 type FlipEvent struct {
@@ -2063,7 +2079,7 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06passed\x18\x02 \x01(\bR\x06passed\x12\x14\n" +
 	"\x05value\x18\x03 \x01(\tR\x05value\x12\x18\n" +
-	"\amissing\x18\x04 \x01(\tR\amissing\"\xb3\x05\n" +
+	"\amissing\x18\x04 \x01(\tR\amissing\"\xd7\x05\n" +
 	"\x0fReleaseEvidence\x12\x16\n" +
 	"\x06shadow\x18\x01 \x01(\tR\x06shadow\x12\x18\n" +
 	"\asamples\x18\x02 \x01(\x03R\asamples\x12\x1d\n" +
@@ -2091,7 +2107,8 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\abatches\x18\x14 \x01(\x03R\abatches\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\x15 \x01(\tR\tlastError\x124\n" +
-	"\aclasses\x18\x16 \x03(\v2\x1a.ragplane.v1.ClassEvidenceR\aclasses\"\xc5\x03\n" +
+	"\aclasses\x18\x16 \x03(\v2\x1a.ragplane.v1.ClassEvidenceR\aclasses\x12\"\n" +
+	"\rbb_time_ratio\x18\x17 \x01(\x01R\vbbTimeRatio\"\xe9\x03\n" +
 	"\rClassEvidence\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\abatches\x18\x02 \x01(\x03R\abatches\x12\x14\n" +
@@ -2111,7 +2128,8 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\adropped\x18\f \x01(\x03R\adropped\x12\x18\n" +
 	"\acarried\x18\r \x01(\bR\acarried\x12\x1b\n" +
 	"\tpassed_g1\x18\x0e \x01(\bR\bpassedG1\x12\x1b\n" +
-	"\tpassed_g2\x18\x0f \x01(\bR\bpassedG2\"}\n" +
+	"\tpassed_g2\x18\x0f \x01(\bR\bpassedG2\x12\"\n" +
+	"\rbb_time_ratio\x18\x10 \x01(\x01R\vbbTimeRatio\"}\n" +
 	"\tFlipEvent\x12\x0e\n" +
 	"\x02at\x18\x01 \x01(\x01R\x02at\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12\x18\n" +

@@ -36,6 +36,7 @@ def evidence(
             time_ratio=upper - 0.02,
             time_ratio_upper=upper,
             aa_time_ratio=1.0,
+            bb_time_ratio=1.0,
             timed_batches=40,
             errors=errors,
         ),
