@@ -145,7 +145,8 @@ def cli(port: int, *args: str) -> str:
 def _enough_evidence(case: admin_pb2.ShadowCase) -> bool:
     """G1 and G2 ask for no more evidence (vectors, probes, timed batches in any class
     that carries traffic): more traffic cannot change their verdict's basis."""
-    return not any(" more " in f" {g.missing}" for g in case.gates[:2])
+    wanting = ("more compared vectors", "more probe queries", "more timed batches")
+    return not any(w in g.missing for g in case.gates[:2] for w in wanting)
 
 
 def traffic_classes(batch: int) -> list[list[list[str]]]:
@@ -164,7 +165,7 @@ def class_lines(case: admin_pb2.ShadowCase) -> str:
     rel = live_release(case)
     return "; ".join(
         f"{c.name} {c.share:.0%}: {c.timed_batches} timed, ratio {c.time_ratio:.3f} "
-        f"upper95 {c.time_ratio_upper:.3f} A/A {c.aa_time_ratio:.3f}"
+        f"upper95 {c.time_ratio_upper:.3f} A/A {c.aa_time_ratio:.3f} B/B {c.bb_time_ratio:.3f}"
         for c in rel.classes
     )
 
@@ -207,7 +208,7 @@ def main() -> int:
     t0 = time.monotonic()
     srv = start(koder, work / "data")
     try:
-        code = _demo(srv, gates, args)
+        code = _demo(srv, args)
     finally:
         srv.stop()
         if not args.keep:
@@ -233,16 +234,20 @@ def _fill_docs(index: index_pb2_grpc.IndexServiceStub, docs: list[str]) -> Any:
     return index.DescribeCollection(index_pb2.DescribeCollectionRequest(name="docs"))
 
 
-def _demo(srv: Server, gates: dict, args: argparse.Namespace) -> int:
+def _demo(srv: Server, args: argparse.Namespace) -> int:
     ch = srv.channel()
     embed = embed_pb2_grpc.EmbedServiceStub(ch)
-    index = index_pb2_grpc.IndexServiceStub(ch)
-    search = search_pb2_grpc.SearchServiceStub(ch)
     docs = corpus(200)
-
-    info = _fill_docs(index, docs)
+    info = _fill_docs(index_pb2_grpc.IndexServiceStub(ch), docs)
     print(f"1. collection docs: {info.count} passages embedded by {info.embedder} (canonical)")
+    case = _until_decided(ch, embed, args)
+    if isinstance(case, int):
+        return case
+    return _after_flip(srv, case, docs, info)
 
+
+def _until_decided(ch, embed, args: argparse.Namespace) -> admin_pb2.ShadowCase | int:
+    """Real traffic until the case flips (its ShadowCase) or an exit code: held, timeout."""
     print(
         "2. traffic: Embed calls of real text, short sentences, paragraphs and window-length "
         "passages in turn, until the server decides"
@@ -291,6 +296,13 @@ def _demo(srv: Server, gates: dict, args: argparse.Namespace) -> int:
             names = ", ".join(g.name.split()[0] for g in held)
             print(f"flip held back by {names}: " + " | ".join(g.missing for g in held))
             return EXIT_HELD
+    return case
+
+
+def _after_flip(srv: Server, case: admin_pb2.ShadowCase, docs: list[str], info: Any) -> int:
+    """What a flipped case serves: new vectors, search over the canonical's, the unflip."""
+    embed = embed_pb2_grpc.EmbedServiceStub(srv.channel())
+    search = search_pb2_grpc.SearchServiceStub(srv.channel())
     flip = case.history[-1]
     print(f"3. flipped by itself: {flip.action} -> {flip.serving} ({flip.reason})")
     print(cli(srv.port, "status", CASE))

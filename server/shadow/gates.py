@@ -64,9 +64,10 @@ def carried(c: ClassEvidence, g: Gates) -> bool:
 
 
 def floors_agree(aa: float, bb: float, g: Gates) -> bool:
-    """Both orders were timed and the shadow slows the canonical no more than
-    max_aa_ratio beyond what the canonical does to the shadow (server.shadow.timing)."""
-    return aa > 0 and bb > 0 and abs(math.log(aa / bb)) <= math.log(g.max_aa_ratio) + 1e-12
+    """Both orders were timed and the shadow slows the canonical after it no more than
+    max_aa_ratio beyond what the canonical does to the shadow (server.shadow.timing: the
+    other way round only makes the estimate conservative)."""
+    return aa > 0 and bb > 0 and math.log(aa / bb) <= math.log(g.max_aa_ratio) + 1e-12
 
 
 def class_g1(c: ClassEvidence, g: Gates) -> bool:
@@ -216,9 +217,9 @@ def _g2_missing(cur: ReleaseEvidence, g: Gates) -> list[str]:
             miss.append(f"{c.name}: {g.min_timed_batches - c.timed_batches} more timed batches")
         elif not floors_agree(c.aa_time_ratio, c.bb_time_ratio, g):
             miss.append(
-                f"{c.name}: the canonical's A/A floor {c.aa_time_ratio:.3f} against the "
-                f"shadow's B/B {c.bb_time_ratio:.3f} differ by more than {g.max_aa_ratio:g}x "
-                "(one slows the other), so these timings prove nothing"
+                f"{c.name}: the canonical's A/A floor {c.aa_time_ratio:.3f} exceeds the "
+                f"shadow's B/B {c.bb_time_ratio:.3f} by more than {g.max_aa_ratio:g}x (the "
+                "shadow slows the canonical after it), so these timings prove nothing"
             )
         elif c.time_ratio_upper > g.max_time_ratio:
             miss.append(

@@ -164,6 +164,23 @@ def test_the_order_of_the_runs_does_not_bias_the_ratio(store):
     assert g2.passed  # 1.04 <= 1.05 with no noise at all
 
 
+def test_a_fixed_delay_on_the_third_run_only_makes_the_estimate_conservative(store):
+    """A colliding request adds the same seconds to the third run whichever embedder it
+    is: that weighs more on the faster shadow (B/B above A/A), which is no interference
+    and biases the ratio against the shadow, so the run counts."""
+    a, b, delay = 0.010, 0.006, 0.003
+    for i in range(60):
+        if i % 2 == 0:
+            store.record_timing(KEY, "short", a, b, a + delay, False)
+        else:
+            store.record_timing(KEY, "short", b, a, b + delay, True)
+    store.record_agreement(KEY, "short", [1.0] * 200)
+    t = evidence(store).classes[0]
+    assert t.bb_time_ratio > t.aa_time_ratio * 1.1  # far apart, the other way round
+    assert t.time_ratio > b / a  # conservative: the shadow looks slower than it is
+    assert t.passed_g2
+
+
 def test_the_bound_respects_autocorrelation():
     """Batches in long runs of slow and fast (load that persists) are not independent:
     the batch-means bound is wider than the independent-batches bound on the same data."""
