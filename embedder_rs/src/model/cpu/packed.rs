@@ -184,9 +184,9 @@ pub struct Operand<'a> {
     pub k: usize,
 }
 
-/// Rows `rows` of `a` against one packed panel, one register tile of up to [`MR`] rows at a
-/// time, into the `cols` columns at `out.0` (rows `out.1` apart; row 0 of `a` is row 0
-/// there).
+/// Rows `rows` of `a` against one packed panel into the `cols` columns at `out.0` (rows
+/// `out.1` apart; row 0 of `a` is row 0 there). The kernel walks the rows in register
+/// blocks of its own height.
 ///
 /// # Safety
 /// `out` must be valid for writes of every row in `rows` (`cols` values each) and written
@@ -203,27 +203,27 @@ unsafe fn panel_rows(
     epilogue: Epilogue,
 ) {
     let (base, ldc) = out;
-    let mut r = rows.start;
-    while r < rows.end {
-        let n = MR.min(rows.end - r);
-        kernel(&Tile {
-            x: &a.x[r * a.lda..],
-            rows: n,
-            k: a.k,
-            lda: a.lda,
-            panel,
-            bias,
-            // SAFETY: row r of the output lies inside what the caller vouched for.
-            out: unsafe { base.add(r * ldc) },
-            ldc,
-            cols,
-            epilogue,
-        });
-        r += n;
+    if rows.is_empty() {
+        return;
     }
+    kernel(&Tile {
+        x: &a.x[rows.start * a.lda..],
+        rows: rows.len(),
+        k: a.k,
+        lda: a.lda,
+        panel,
+        bias,
+        // SAFETY: row `rows.start` of the output lies inside what the caller vouched for.
+        out: unsafe { base.add(rows.start * ldc) },
+        ldc,
+        cols,
+        epilogue,
+    });
 }
 
-/// One register tile's inputs: `rows <= MR` rows of `x` against one packed panel.
+/// One kernel call's inputs: `rows` rows of `x` against one packed panel, into the first
+/// `cols` (<= [`NR`]) columns of `rows` rows at `out`, `ldc` apart.
+#[derive(Clone, Copy)]
 pub struct Tile<'a> {
     x: &'a [f32],
     rows: usize,
@@ -238,6 +238,31 @@ pub struct Tile<'a> {
     epilogue: Epilogue,
 }
 
+impl Tile<'_> {
+    /// Rows `r0..r0 + rows` of this tile.
+    fn sub(&self, r0: usize, rows: usize) -> Tile<'_> {
+        debug_assert!(r0 + rows <= self.rows);
+        Tile {
+            x: &self.x[r0 * self.lda..],
+            rows,
+            // SAFETY: row r0 < self.rows of the output is inside the tile's rows.
+            out: unsafe { self.out.add(r0 * self.ldc) },
+            ..*self
+        }
+    }
+
+    /// Row `r`, columns `c0..c0 + n`, of the output.
+    ///
+    /// # Safety
+    /// `r < rows` and `c0 + n <= cols`; no other reference to those values may be alive.
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    unsafe fn out_row(&self, r: usize, c0: usize, n: usize) -> &mut [f32] {
+        // SAFETY: see the function's contract and PackedLinear::forward.
+        unsafe { std::slice::from_raw_parts_mut(self.out.add(r * self.ldc + c0), n) }
+    }
+}
+
 type Kernel = fn(&Tile<'_>);
 
 /// The tile for the instruction set [`isa`] chose (`EMBEDDER_RS_KERNEL` = `avx2` or
@@ -248,14 +273,16 @@ fn kernel() -> Kernel {
         Isa::Avx512 => avx512::tile,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => avx2::tile,
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::tile,
         _ => portable::tile,
     }
 }
 
-/// Stores one accumulated row (`NR` values, the bias already added) into `out`, applying
-/// the epilogue's activation to the `cols` real columns.
+/// Stores accumulated values (the bias already added) into `out` (`out.len() <=
+/// acc.len()`), applying the epilogue's activation.
 #[inline(always)]
-fn store_row(acc: &[f32; NR], out: &mut [f32], epilogue: Epilogue) {
+fn store_row(acc: &[f32], out: &mut [f32], epilogue: Epilogue) {
     match epilogue {
         Epilogue::Bias => out.copy_from_slice(&acc[..out.len()]),
         Epilogue::BiasGelu => {
@@ -285,93 +312,220 @@ mod portable {
             for (c, &b) in row.iter_mut().zip(t.bias) {
                 *c += b;
             }
-            // SAFETY: `out` points at row 0 of the tile; rows are `ldc` apart and each
-            // has at least `cols` columns left (see PackedLinear::forward).
-            let out = unsafe { std::slice::from_raw_parts_mut(t.out.add(r * t.ldc), t.cols) };
-            store_row(row, out, t.epilogue);
+            // SAFETY: r < t.rows, and cols <= NR.
+            store_row(row, unsafe { t.out_row(r, 0, t.cols) }, t.epilogue);
         }
     }
 
     pub fn tile(t: &Tile<'_>) {
-        body(t)
+        for r0 in (0..t.rows).step_by(MR) {
+            body(&t.sub(r0, MR.min(t.rows - r0)))
+        }
     }
 }
 
-/// AVX2 + FMA (CPUs without AVX-512): 16 ymm registers hold a 6 x 16 tile (12
-/// accumulators, two panel vectors, one broadcast), so the 8 x 32 tile runs as two column
-/// halves of row blocks of up to 6.
+/// AVX2 + FMA (CPUs without AVX-512). 16 ymm registers hold a 6 x 16 block (12
+/// accumulators, two panel vectors, one broadcast: the shape BLIS and MLAS use on these
+/// CPUs), so a panel runs as its two 16-column halves, each over all of the call's rows in
+/// blocks of 6. Each half stays in L1 across the rows (k = 384: 24 KB), and a half with
+/// no real column in it (a short sequence's keys) is skipped. Until 0.8.0 the tile ran
+/// 8 rows at a time as 6 + 2, and the 2-row block, 4 accumulators deep, waited on the
+/// FMA latency: ~3/4 of the 6-row block's rate over the whole product.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{store_row, Tile, NR};
+    use super::{store_row, Epilogue, Tile};
+    use crate::model::cpu::packed::NR;
 
     /// Rows per register block.
     const RB: usize = 6;
+    /// Columns per block: two ymm vectors.
+    const CB: usize = 16;
 
-    /// Rows `r0..r0 + ROWS`, columns `half * 16..+16`, over the whole of `k`, into `acc`
-    /// (bias added).
+    /// Rows `r0..r0 + ROWS`, columns `c0..c0 + CB`, over the whole of `k`, stored with
+    /// the bias and epilogue.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `r0 + ROWS <= t.rows`, `c0 < t.cols`, `c0 + CB <= NR`.
     #[target_feature(enable = "avx2,fma")]
-    fn block<const ROWS: usize>(t: &Tile<'_>, r0: usize, half: usize, acc: &mut [[f32; NR]]) {
+    unsafe fn block<const ROWS: usize>(t: &Tile<'_>, r0: usize, c0: usize) {
         let mut c = [[_mm256_setzero_ps(); 2]; ROWS];
-        let x = t.x.as_ptr();
-        let b = t.panel.as_ptr();
-        let col = half * 16;
+        // SAFETY (every load below): the panel holds k rows of NR floats; x holds t.rows
+        // rows of k floats, `lda` apart, and r0 + ROWS <= t.rows.
+        let x = unsafe { t.x.as_ptr().add(r0 * t.lda) };
+        let b = unsafe { t.panel.as_ptr().add(c0) };
         for kk in 0..t.k {
-            // SAFETY: the panel holds k rows of NR floats; x holds t.rows rows of k floats
-            // `lda` apart and r0 + ROWS <= t.rows.
             unsafe {
-                let b0 = _mm256_loadu_ps(b.add(kk * NR + col));
-                let b1 = _mm256_loadu_ps(b.add(kk * NR + col + 8));
+                let b0 = _mm256_loadu_ps(b.add(kk * NR));
+                let b1 = _mm256_loadu_ps(b.add(kk * NR + 8));
                 for (r, a) in c.iter_mut().enumerate() {
-                    let xr = _mm256_set1_ps(*x.add((r0 + r) * t.lda + kk));
+                    let xr = _mm256_broadcast_ss(&*x.add(r * t.lda + kk));
                     a[0] = _mm256_fmadd_ps(xr, b0, a[0]);
                     a[1] = _mm256_fmadd_ps(xr, b1, a[1]);
                 }
             }
         }
-        for (r, a) in c.iter().enumerate() {
-            // SAFETY: bias holds NR floats; the row of `acc` holds NR.
+        let mut sums = [[0.0f32; CB]; ROWS];
+        for (row, a) in sums.iter_mut().zip(&c) {
+            // SAFETY: each row of `sums` holds CB = 16 floats.
             unsafe {
-                let dst = acc[r0 + r].as_mut_ptr().add(col);
-                let bias = t.bias.as_ptr().add(col);
-                _mm256_storeu_ps(dst, _mm256_add_ps(a[0], _mm256_loadu_ps(bias)));
-                _mm256_storeu_ps(
-                    dst.add(8),
-                    _mm256_add_ps(a[1], _mm256_loadu_ps(bias.add(8))),
-                );
+                _mm256_storeu_ps(row.as_mut_ptr(), a[0]);
+                _mm256_storeu_ps(row.as_mut_ptr().add(8), a[1]);
+            }
+        }
+        // SAFETY: as this function's contract.
+        unsafe { finish(t, r0, c0, &sums) }
+    }
+
+    /// Adds the bias to the block's sums and stores them through the epilogue.
+    ///
+    /// Not inlined into [`block`], on purpose: there LLVM hoisted the GELU's constants
+    /// into registers above the `k` loop, and the 6-row block, which needs 15 of the 16,
+    /// kept one accumulator on the stack instead: a load and a store per step, ~55% of
+    /// the FMA peak.
+    ///
+    /// # Safety
+    /// As [`block`]'s, with `sums.len()` for `ROWS`.
+    #[inline(never)]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn finish(t: &Tile<'_>, r0: usize, c0: usize, sums: &[[f32; CB]]) {
+        let cols = (t.cols - c0).min(CB);
+        // SAFETY: bias holds NR floats and c0 + CB <= NR.
+        let (bias0, bias1) = unsafe {
+            (
+                _mm256_loadu_ps(t.bias.as_ptr().add(c0)),
+                _mm256_loadu_ps(t.bias.as_ptr().add(c0 + 8)),
+            )
+        };
+        for (r, sum) in sums.iter().enumerate() {
+            let mut row = [0.0f32; CB];
+            // SAFETY: `sum` and `row` hold 16 floats.
+            unsafe {
+                let v0 = _mm256_add_ps(_mm256_loadu_ps(sum.as_ptr()), bias0);
+                let v1 = _mm256_add_ps(_mm256_loadu_ps(sum.as_ptr().add(8)), bias1);
+                _mm256_storeu_ps(row.as_mut_ptr(), v0);
+                _mm256_storeu_ps(row.as_mut_ptr().add(8), v1);
+            }
+            // SAFETY: r0 + r < t.rows and c0 + cols <= t.cols.
+            let out = unsafe { t.out_row(r0 + r, c0, cols) };
+            if cols == CB && t.epilogue == Epilogue::Bias {
+                out.copy_from_slice(&row);
+            } else {
+                store_row(&row, out, t.epilogue);
             }
         }
     }
 
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    fn run(t: &Tile<'_>) {
-        let mut acc = [[0.0f32; NR]; super::MR];
-        for half in 0..2 {
+    unsafe fn run(t: &Tile<'_>) {
+        const _: () = assert!(NR.is_multiple_of(CB));
+        for c0 in (0..t.cols).step_by(CB) {
             let mut r0 = 0;
             while r0 < t.rows {
                 let n = RB.min(t.rows - r0);
-                match n {
-                    6 => block::<6>(t, r0, half, &mut acc),
-                    5 => block::<5>(t, r0, half, &mut acc),
-                    4 => block::<4>(t, r0, half, &mut acc),
-                    3 => block::<3>(t, r0, half, &mut acc),
-                    2 => block::<2>(t, r0, half, &mut acc),
-                    _ => block::<1>(t, r0, half, &mut acc),
+                // SAFETY: r0 + n <= t.rows, c0 < t.cols <= NR (the caller's contract).
+                unsafe {
+                    match n {
+                        6 => block::<6>(t, r0, c0),
+                        5 => block::<5>(t, r0, c0),
+                        4 => block::<4>(t, r0, c0),
+                        3 => block::<3>(t, r0, c0),
+                        2 => block::<2>(t, r0, c0),
+                        _ => block::<1>(t, r0, c0),
+                    }
                 }
                 r0 += n;
             }
-        }
-        for (r, row) in acc.iter().enumerate().take(t.rows) {
-            // SAFETY: as in the portable kernel.
-            let out = unsafe { std::slice::from_raw_parts_mut(t.out.add(r * t.ldc), t.cols) };
-            store_row(row, out, t.epilogue);
         }
     }
 
     pub fn tile(t: &Tile<'_>) {
         // SAFETY: chosen only after the CPU was checked for AVX2 and FMA.
         unsafe { run(t) }
+    }
+}
+
+/// aarch64 (Graviton, Ampere, Apple silicon): NEON is part of the baseline, so no run-time
+/// check. 32 q registers of 4 lanes hold a 6 x 16 block (24 accumulators, four panel
+/// vectors, one broadcast), walked as the AVX2 tile walks its blocks. Its products are the
+/// same fused multiply-adds in the same order as the x86 tiles', so all agree bit for bit
+/// (the tests hold each to one scalar reference); its speed has not been measured on ARM.
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::*;
+
+    use super::{store_row, Tile};
+    use crate::model::cpu::packed::NR;
+
+    /// Rows per register block.
+    const RB: usize = 6;
+    /// Columns per block: four q vectors.
+    const CB: usize = 16;
+
+    /// Rows `r0..r0 + ROWS`, columns `c0..c0 + CB`, over the whole of `k`, stored with
+    /// the bias and epilogue.
+    ///
+    /// # Safety
+    /// `r0 + ROWS <= t.rows`, `c0 < t.cols`, `c0 + CB <= NR`.
+    #[inline(always)]
+    unsafe fn block<const ROWS: usize>(t: &Tile<'_>, r0: usize, c0: usize) {
+        // SAFETY (every load and store below): the panel holds k rows of NR floats and the
+        // bias NR; x holds t.rows rows of k floats, `lda` apart; r0 + ROWS <= t.rows.
+        unsafe {
+            let mut c = [[vdupq_n_f32(0.0); 4]; ROWS];
+            let x = t.x.as_ptr().add(r0 * t.lda);
+            let b = t.panel.as_ptr().add(c0);
+            for kk in 0..t.k {
+                let p = b.add(kk * NR);
+                let w = [
+                    vld1q_f32(p),
+                    vld1q_f32(p.add(4)),
+                    vld1q_f32(p.add(8)),
+                    vld1q_f32(p.add(12)),
+                ];
+                for (r, a) in c.iter_mut().enumerate() {
+                    let xr = vdupq_n_f32(*x.add(r * t.lda + kk));
+                    for (acc, &wj) in a.iter_mut().zip(&w) {
+                        *acc = vfmaq_f32(*acc, wj, xr);
+                    }
+                }
+            }
+            let cols = (t.cols - c0).min(CB);
+            let bias = t.bias.as_ptr().add(c0);
+            for (r, a) in c.iter().enumerate() {
+                let mut row = [0.0f32; CB];
+                for (j, &acc) in a.iter().enumerate() {
+                    let v = vaddq_f32(acc, vld1q_f32(bias.add(4 * j)));
+                    vst1q_f32(row.as_mut_ptr().add(4 * j), v);
+                }
+                store_row(&row, t.out_row(r0 + r, c0, cols), t.epilogue);
+            }
+        }
+    }
+
+    pub fn tile(t: &Tile<'_>) {
+        const _: () = assert!(NR.is_multiple_of(CB));
+        for c0 in (0..t.cols).step_by(CB) {
+            let mut r0 = 0;
+            while r0 < t.rows {
+                let n = RB.min(t.rows - r0);
+                // SAFETY: r0 + n <= t.rows, c0 < t.cols <= NR (the caller's contract).
+                unsafe {
+                    match n {
+                        6 => block::<6>(t, r0, c0),
+                        5 => block::<5>(t, r0, c0),
+                        4 => block::<4>(t, r0, c0),
+                        3 => block::<3>(t, r0, c0),
+                        2 => block::<2>(t, r0, c0),
+                        _ => block::<1>(t, r0, c0),
+                    }
+                }
+                r0 += n;
+            }
+        }
     }
 }
 
@@ -408,29 +562,31 @@ mod avx512 {
         };
         let mut row = [0.0f32; NR];
         for (r, a) in acc.iter().enumerate() {
-            // SAFETY: `row` holds NR floats; `out` as in the portable kernel.
+            // SAFETY: `row` holds NR floats; r < t.rows and cols <= NR.
             unsafe {
                 _mm512_storeu_ps(row.as_mut_ptr(), _mm512_add_ps(a[0], bias0));
                 _mm512_storeu_ps(row.as_mut_ptr().add(16), _mm512_add_ps(a[1], bias1));
-                let out = std::slice::from_raw_parts_mut(t.out.add(r * t.ldc), t.cols);
-                store_row(&row, out, t.epilogue);
+                store_row(&row, t.out_row(r, 0, t.cols), t.epilogue);
             }
         }
     }
 
     pub fn tile(t: &Tile<'_>) {
         const _: () = assert!(MR == 8 && NR == 32);
-        // SAFETY: chosen only after the CPU was checked for AVX-512F.
-        unsafe {
-            match t.rows {
-                8 => rows::<8>(t),
-                7 => rows::<7>(t),
-                6 => rows::<6>(t),
-                5 => rows::<5>(t),
-                4 => rows::<4>(t),
-                3 => rows::<3>(t),
-                2 => rows::<2>(t),
-                _ => rows::<1>(t),
+        for r0 in (0..t.rows).step_by(MR) {
+            let t = &t.sub(r0, MR.min(t.rows - r0));
+            // SAFETY: chosen only after the CPU was checked for AVX-512F.
+            unsafe {
+                match t.rows {
+                    8 => rows::<8>(t),
+                    7 => rows::<7>(t),
+                    6 => rows::<6>(t),
+                    5 => rows::<5>(t),
+                    4 => rows::<4>(t),
+                    3 => rows::<3>(t),
+                    2 => rows::<2>(t),
+                    _ => rows::<1>(t),
+                }
             }
         }
     }
@@ -541,53 +697,99 @@ mod tests {
         }
     }
 
-    /// Each kernel this CPU can run gives the reference product, with GELU too.
-    #[test]
-    fn every_kernel_matches_the_reference() {
+    /// The product as the SIMD tiles form it: for each output, one fused multiply-add per
+    /// `k` in order from zero, then the bias; the epilogue on top.
+    fn fused_reference(
+        x: &[f32],
+        w: &[f32],
+        b: &[f32],
+        (m, d_in, d_out): (usize, usize, usize),
+        epilogue: Epilogue,
+    ) -> Vec<f32> {
+        let mut out = vec![0.0f32; m * d_out];
+        for i in 0..m {
+            for j in 0..d_out {
+                let mut acc = 0.0f32;
+                for k in 0..d_in {
+                    acc = x[i * d_in + k].mul_add(w[k * d_out + j], acc);
+                }
+                let v = acc + b[j];
+                out[i * d_out + j] = match epilogue {
+                    Epilogue::Bias => v,
+                    Epilogue::BiasGelu => gelu_scalar(v),
+                };
+            }
+        }
+        out
+    }
+
+    /// The kernels this CPU runs, by name.
+    fn kernels() -> Vec<(&'static str, Kernel)> {
         let mut kernels: Vec<(&str, Kernel)> = vec![("portable", portable::tile)];
+        let available = Isa::available();
         #[cfg(target_arch = "x86_64")]
         {
-            if Isa::available().contains(&Isa::Avx2) {
+            if available.contains(&Isa::Avx2) {
                 kernels.push(("avx2", avx2::tile));
             }
-            if Isa::available().contains(&Isa::Avx512) {
+            if available.contains(&Isa::Avx512) {
                 kernels.push(("avx512", avx512::tile));
             }
         }
-        let (m, d_in, d_out) = (19, 45, 64);
-        let (x, w, b) = (lcg(m * d_in, 7), lcg(d_in * d_out, 8), lcg(d_out, 9));
-        let packed = PackedLinear::new(&w, &b, d_in, d_out);
-        let want = reference(&x, &w, &b, m, d_in, d_out);
-        for (name, kernel) in kernels {
-            for epilogue in [Epilogue::Bias, Epilogue::BiasGelu] {
-                let mut out = vec![f32::NAN; m * d_out];
-                for r0 in (0..m).step_by(MR) {
-                    for p in 0..d_out / NR {
-                        let rows = MR.min(m - r0);
+        #[cfg(target_arch = "aarch64")]
+        if available.contains(&Isa::Neon) {
+            kernels.push(("neon", neon::tile));
+        }
+        let _ = available;
+        kernels
+    }
+
+    /// Each kernel this CPU can run gives the reference product, with GELU too, over row
+    /// counts that are and are not multiples of its register block, and ragged panels
+    /// (columns past `cols` are never written). The SIMD tiles (AVX2, AVX-512, NEON) agree
+    /// with the fused reference, and so with each other, bit for bit; the portable one,
+    /// which rounds the product and the sum apart, within 1e-4 of the exact product.
+    #[test]
+    fn every_kernel_matches_the_reference() {
+        for &(m, d_in, d_out) in &[(19, 45, 64), (6, 384, 40), (13, 7, 17), (64, 33, 32)] {
+            let (x, w, b) = (lcg(m * d_in, 7), lcg(d_in * d_out, 8), lcg(d_out, 9));
+            let packed = PackedLinear::new(&w, &b, d_in, d_out);
+            let exact = reference(&x, &w, &b, m, d_in, d_out);
+            for (name, kernel) in kernels() {
+                for epilogue in [Epilogue::Bias, Epilogue::BiasGelu] {
+                    let fused = fused_reference(&x, &w, &b, (m, d_in, d_out), epilogue);
+                    let mut out = vec![f32::NAN; m * d_out];
+                    for p in 0..d_out.div_ceil(NR) {
+                        let cols = NR.min(d_out - p * NR);
                         kernel(&Tile {
-                            x: &x[r0 * d_in..(r0 + rows) * d_in],
-                            rows,
+                            x: &x,
+                            rows: m,
                             k: d_in,
                             lda: d_in,
                             panel: &packed.panels[p * d_in * NR..(p + 1) * d_in * NR],
                             bias: &packed.bias[p * NR..(p + 1) * NR],
-                            out: out[r0 * d_out + p * NR..].as_mut_ptr(),
+                            out: out[p * NR..].as_mut_ptr(),
                             ldc: d_out,
-                            cols: NR,
+                            cols,
                             epilogue,
                         });
                     }
-                }
-                for (i, (a, e)) in out.iter().zip(&want).enumerate() {
-                    let e = if epilogue == Epilogue::Bias {
-                        *e
-                    } else {
-                        gelu_scalar(*e)
-                    };
-                    assert!(
-                        (a - e).abs() < 1e-4,
-                        "{name} {epilogue:?} at {i}: {a} vs {e}"
-                    );
+                    for (i, (a, e)) in out.iter().zip(&exact).enumerate() {
+                        let e = match epilogue {
+                            Epilogue::Bias => *e,
+                            Epilogue::BiasGelu => gelu_scalar(*e),
+                        };
+                        let at = format!("{name} {m}x{d_in}x{d_out} {epilogue:?} at {i}");
+                        assert!((a - e).abs() < 1e-4, "{at}: {a} vs {e}");
+                        if name != "portable" {
+                            assert_eq!(
+                                a.to_bits(),
+                                fused[i].to_bits(),
+                                "{at}: {a} vs {}",
+                                fused[i]
+                            );
+                        }
+                    }
                 }
             }
         }
