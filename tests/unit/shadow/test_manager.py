@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import replace
 
 import numpy as np
 
 from server.embedding.fake import FakeEmbedder
-from server.shadow.config import Gates, PairConfig
+from server.shadow.config import PairConfig
 from server.shadow.evidence import EvidenceStore
 from server.shadow.manager import ShadowManager
+from tests.unit.shadow import LAX
 
 
 def test_no_samples_while_requests_wait(tmp_path):
@@ -108,16 +110,7 @@ def test_timings_run_at_the_managers_priority_not_the_niced_workers(tmp_path):
 
 def test_auto_flips_once_and_an_admin_unflip_sticks(tmp_path):
     canonical, shadow = FakeEmbedder(), FakeEmbedder(version="2")
-    gates = Gates(
-        min_samples=20,
-        min_probes=5,
-        min_timed_batches=5,
-        max_time_ratio=1e9,
-        max_aa_ratio=1e9,
-        min_releases=1,
-        min_release_hours=0,
-        min_release_batches=0,
-    )
+    gates = replace(LAX, min_samples=20, min_timed_batches=5, max_time_ratio=1e9)
     cfg = PairConfig(
         "embeddings", "fake", "fake", sample_rate=1.0, timing_rate=1.0, policy="auto", gates=gates
     )
