@@ -121,7 +121,7 @@ class ShadowManager:
             if cfg.status != "experimental":
                 case.experiment = Experiment(
                     name,
-                    candidate=lambda texts, control, c=case: self._candidate(c, texts, control),
+                    candidate=lambda batch, control, c=case: self._candidate(c, batch, control),
                     compare=functools.partial(self._compare, min_cosine=cfg.gates.min_cosine),
                     publisher=_Publisher(self, case),
                     sample_rate=cfg.sample_rate,
@@ -148,7 +148,7 @@ class ShadowManager:
         tokens: Sequence[int] = (),
     ) -> None:
         """`tokens`: each text's token count, which puts the batch in its traffic class
-        (counted here with the serving embedder when not given)."""
+        (counted with the canonical's tokenizer when not given)."""
         case = self.cases.get(use_case)
         if case is None or case.experiment is None:
             return
