@@ -21,7 +21,7 @@ from core.errors import Corrupt, StorageFull, StorageReadOnly
 from core.storage import storage_error
 from ragplane.v1 import admin_pb2, common_pb2, index_pb2, search_pb2
 from server.auth import KeyStore
-from server.shadow.evidence import EvidenceStore
+from server.shadow.evidence import EvidenceKey, EvidenceStore
 from server.shadow.experiment import Experiment, Observation
 from testkit.harness import InProcessServer, SubprocessServer
 
@@ -181,7 +181,8 @@ def _fill_evidence(store: EvidenceStore, vol: Path) -> None:
     _fill_volume(vol)
     with pytest.raises(StorageFull, match=str(vol)):
         for k in range(10_000):
-            store.record_agreement("embeddings", f"r{k}", [0.99] * 2000)
+            key = EvidenceKey("embeddings", f"r{k}", "c@1", "cpu x86_64 avx2")
+            store.record_agreement(key, "short", [0.99] * 2000)
 
 
 def test_evidence_store_refuses_then_recovers_on_a_full_disk(tmp_path):
