@@ -220,7 +220,8 @@ impl Embedder {
         let model = match &self.engine {
             Engine::Host(host) => {
                 // On the calling thread, which leads the pass's parallel ops itself with
-                // rayon's workers as helpers (model::cpu::team); a short text never leaves it.
+                // rayon's workers as helpers (model::cpu::team); a text of a few tokens,
+                // whose products are too small to split, never leaves it.
                 self.embed_host(host, texts, normalize, &mut out)?;
                 return Ok(out);
             }

@@ -18,9 +18,13 @@ use super::SendPtr;
 pub const NR: usize = 32;
 /// Rows per register tile.
 pub const MR: usize = 8;
-/// Below this many multiply-adds (~0.2 ms on one core) a product runs on the calling
-/// thread: splitting it costs more in wake-ups and joins than it saves (one short text).
-pub const SERIAL_FMAS: usize = 16 << 20;
+/// Below this many multiply-adds (~15 us on one AVX-512 core, ~25 us on an AVX2 one) a
+/// product runs on the calling thread alone. Through 0.7.0 this was 16M, so a short text
+/// (~14 tokens: 2-8M a product) never left the calling thread: on an AVX2-only CPU that
+/// one thread took ~2x ONNX Runtime's time on two (issue 27: 2.18 back to back, 1.85 after
+/// a pause). Since 0.7.0 the call's helpers spin between ops (`team`), so a split costs a
+/// claim from a counter, not a wake-up; from 0.8.0 a short text's products are shared.
+pub const SERIAL_FMAS: usize = 1 << 20;
 /// Rows a task covers: a panel is reused for this many rows while it is in cache.
 const TASK_ROWS: usize = 8 * MR;
 

@@ -11,7 +11,8 @@
 //! to be scheduled beside it.
 //!
 //! Within [`with_team`], [`claim_tasks`] publishes an op to the helpers; outside one it runs
-//! the tasks on the calling thread (short texts, whose ops are too small to split).
+//! the tasks on the calling thread (a text of a few tokens, whose ops are too small to
+//! split: see `packed::SERIAL_FMAS`).
 
 use std::any::Any;
 use std::cell::{Cell, UnsafeCell};
