@@ -21,9 +21,9 @@ import platform
 import time
 from pathlib import Path
 
-from server.shadow.hardware import cpu_extension
-from server.shadow.timing import estimate
-from testkit.texts import long_passages, sentences
+from ragplane.server.shadow.hardware import cpu_extension
+from ragplane.server.shadow.timing import estimate
+from ragplane.testkit.texts import long_passages, sentences
 
 
 def _aba(canonical, shadow, texts: list[str], pause: float) -> tuple[float, float, float]:
@@ -38,8 +38,8 @@ def _aba(canonical, shadow, texts: list[str], pause: float) -> tuple[float, floa
 
 
 def measure(pauses_ms: list[float], batches: int, batch: int = 8) -> dict:
-    from server.embedding.onnx import OnnxEmbedder
-    from server.embedding.rust import RustEmbedder
+    from ragplane.server.embedding.onnx import OnnxEmbedder
+    from ragplane.server.embedding.rust import RustEmbedder
 
     canonical, shadow = OnnxEmbedder(device="cpu"), RustEmbedder(device="cpu")
     pools = {

@@ -8,12 +8,12 @@ import time
 import numpy as np
 
 from bench.common import table
-from testkit.texts import long_passages, sentences
+from ragplane.testkit.texts import long_passages, sentences
 
 
 def run(rounds: int = 3) -> tuple[dict, str]:
-    from server.embedding.onnx import OnnxEmbedder
-    from server.embedding.st import SentenceTransformersEmbedder
+    from ragplane.server.embedding.onnx import OnnxEmbedder
+    from ragplane.server.embedding.st import SentenceTransformersEmbedder
 
     torch_e, onnx_e = SentenceTransformersEmbedder(device="cpu"), OnnxEmbedder(device="cpu")
     cases = {"short": list(sentences())[:64], "long": long_passages()[:32]}

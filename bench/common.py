@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 
 from bench.markdown import table
-from testkit.harness import ROOT, SubprocessServer
+from ragplane.testkit.harness import ROOT, SubprocessServer
 
 __all__ = ["ROOT", "Load", "Server", "run_concurrent", "start_server", "table"]
 

@@ -10,8 +10,8 @@ drift in the machine's speed during the run does not land on one side only.
 from __future__ import annotations
 
 from bench.common import run_concurrent, start_server, table
+from ragplane.testkit.texts import sentences
 from ragplane.v1 import embed_pb2, embed_pb2_grpc
-from testkit.texts import sentences
 
 N_TEXTS = 384
 
@@ -25,7 +25,7 @@ def _in_process(embedders: dict, texts: list[str]) -> dict[str, float]:
 
 
 def run(embedder: str = "auto") -> tuple[dict, str]:
-    from server.embedding import load_embedder
+    from ragplane.server.embedding import load_embedder
 
     texts = list(sentences())[:N_TEXTS]
     local = {

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, Server, start_server
+from ragplane.server.shadow.releases import FILE_NAME
+from ragplane.testkit.texts import corpus, long_passages, sentences, topic_passages
 from ragplane.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -42,8 +44,6 @@ from ragplane.v1 import (
     search_pb2,
     search_pb2_grpc,
 )
-from server.shadow.releases import FILE_NAME
-from testkit.texts import corpus, long_passages, sentences, topic_passages
 
 # the model is loaded offline by the processes this starts
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -128,9 +128,9 @@ def gate_lines(case: admin_pb2.ShadowCase) -> list[str]:
 def cli(port: int, *args: str) -> str:
     """`ragplane shadow ...` against the demo server, as a person would type it."""
     out = subprocess.run(
-        # the `ragplane` entry point: `python -m server.cli` would register the sub-commands
-        # on a second copy of the module, not on the app it runs
-        [sys.executable, "-c", "from server.cli import main; main()", "shadow", "--addr"]
+        # the `ragplane` entry point: `python -m ragplane.server.cli` would register the
+        # sub-commands on a second copy of the module, not on the app it runs
+        [sys.executable, "-c", "from ragplane.server.cli import main; main()", "shadow", "--addr"]
         + [f"127.0.0.1:{port}", *args],
         cwd=ROOT,
         capture_output=True,

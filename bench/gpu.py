@@ -97,7 +97,7 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _model_dir(given: str) -> Path:
     if given or os.environ.get("RAGPLANE_MODEL_DIR"):
         return Path(given or os.environ["RAGPLANE_MODEL_DIR"])
-    from server.embedding.model_files import default_model_dir
+    from ragplane.server.embedding.model_files import default_model_dir
 
     return default_model_dir()
 
@@ -171,7 +171,7 @@ def _phase_load(run: _Run) -> None:
         import sentence_transformers
         from sentence_transformers import SentenceTransformer
 
-        from server.embedding.st import SentenceTransformersEmbedder
+        from ragplane.server.embedding.st import SentenceTransformersEmbedder
 
         ph.data["sentence_transformers"] = sentence_transformers.__version__
         old = SentenceTransformer(str(model_dir), device=dev, local_files_only=True)
@@ -337,12 +337,12 @@ def _phase_served(run: _Run) -> None:
     args, report, paths, objs, corpora, dev, model_dir, n_big = run.unpack()
     with Phase("served", args.phase_seconds, report) as ph:
         try:
-            import server.app  # noqa: F401  (faiss, grpc health and reflection)
+            import ragplane.server.app  # noqa: F401  (faiss, grpc health and reflection)
         except ImportError as exc:
             raise Skip(f"the server cannot start here: {exc}") from None
         from bench.common import run_concurrent
+        from ragplane.testkit.harness import InProcessServer
         from ragplane.v1 import embed_pb2
-        from testkit.harness import InProcessServer
 
         e = objs["new16"]
         texts = corpora["passages"][: max(args.batches) * args.batches_per_cell]

@@ -27,10 +27,10 @@ import numpy as np
 
 from bench.common import start_server, table
 from bench.hybrid_set import QualitySet, build
-from index import Engine, IndexType, Metric, Record
-from index.types import Fusion, FusionMethod
+from ragplane.index import Engine, IndexType, Metric, Record
+from ragplane.index.types import Fusion, FusionMethod
+from ragplane.testkit.texts import sentences
 from ragplane.v1 import common_pb2, index_pb2, index_pb2_grpc, search_pb2, search_pb2_grpc
-from testkit.texts import sentences
 
 K = 10
 MODES = {

@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from bench.common import ROOT, run_concurrent, start_server, table  # noqa: E402
-from testkit.texts import corpus  # noqa: E402
+from ragplane.testkit.texts import corpus  # noqa: E402
 
 N_ROWS = 2000
 BATCH = 256
@@ -47,9 +47,9 @@ class Timed:
 
 
 def _ingest(conn, collection: str, path: Path, ray: str) -> Timed:
-    from server.bulk.embed import EmbedderSpec
-    from server.bulk.pipeline import Options, ingest
-    from server.cli.ingest import GrpcWriter, _collection
+    from ragplane.server.bulk.embed import EmbedderSpec
+    from ragplane.server.bulk.pipeline import Options, ingest
+    from ragplane.server.cli.ingest import GrpcWriter, _collection
 
     info = _collection(conn, collection, create=True)
     marks: list[float] = []
@@ -67,8 +67,8 @@ def _ingest(conn, collection: str, path: Path, ray: str) -> Timed:
 
 def _embed_only(path: Path, identity: str) -> float:
     """Rows/s of the embedding stage alone in this process, no writes (model loaded first)."""
-    from server.bulk import rows
-    from server.bulk.embed import EmbedBatch, EmbedderSpec
+    from ragplane.server.bulk import rows
+    from ragplane.server.bulk.embed import EmbedBatch, EmbedderSpec
 
     embed = EmbedBatch(EmbedderSpec(identity))
     chunks = list(rows.read_local([str(path)], BATCH))
@@ -102,8 +102,8 @@ def _upsert_only(conn, source: str, ids: list[str]) -> dict[int, float]:
 
 
 def measure(n: int = N_ROWS) -> dict:
-    from server.bulk import raydata
-    from server.cli.common import Conn
+    from ragplane.server.bulk import raydata
+    from ragplane.server.cli.common import Conn
 
     texts = corpus(n)
     path = Path(tempfile.mkdtemp(prefix="ragplane-bench-ingest-")) / "corpus.jsonl"

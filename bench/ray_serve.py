@@ -21,8 +21,8 @@ import os
 import statistics
 
 from bench.common import Server, run_concurrent, start_server, table
+from ragplane.testkit.texts import sentences, topic_passages
 from ragplane.v1 import embed_pb2, embed_pb2_grpc
-from testkit.texts import sentences, topic_passages
 
 ROUNDS = 5
 N_SHORT = 96  # per round, one per call at concurrency 32

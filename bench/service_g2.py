@@ -35,7 +35,7 @@ from bench.flip import (
     start,
     write_koder,
 )
-from server.shadow.releases import FILE_NAME
+from ragplane.server.shadow.releases import FILE_NAME
 
 # the model is loaded offline by the processes this starts
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 
 from bench.common import ROOT, run_concurrent, start_server, table
+from ragplane.testkit.texts import sentences
 from ragplane.v1 import admin_pb2, admin_pb2_grpc, embed_pb2, embed_pb2_grpc
-from testkit.texts import sentences
 
 ROUNDS = 6
 PER_ROUND = 96

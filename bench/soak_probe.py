@@ -132,10 +132,10 @@ def _vectors(runtime) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from server.app import create_server
-    from server.embedding.onnx import OnnxEmbedder
-    from server.embedding.rust import RustEmbedder
-    from server.settings import Settings
+    from ragplane.server.app import create_server
+    from ragplane.server.embedding.onnx import OnnxEmbedder
+    from ragplane.server.embedding.rust import RustEmbedder
+    from ragplane.server.settings import Settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     work = Path(tempfile.mkdtemp(prefix="ragplane-probe-"))

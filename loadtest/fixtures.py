@@ -19,6 +19,7 @@ import grpc
 from google.protobuf.struct_pb2 import Struct
 
 from loadtest.grpc_user import CHANNEL_OPTIONS, auth_metadata
+from ragplane.testkit.texts import corpus
 from ragplane.v1 import (
     common_pb2,
     embed_pb2,
@@ -28,7 +29,6 @@ from ragplane.v1 import (
     memory_pb2,
     memory_pb2_grpc,
 )
-from testkit.texts import corpus
 
 log = logging.getLogger("loadtest")
 

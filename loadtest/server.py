@@ -12,7 +12,7 @@ from pathlib import Path
 from types import TracebackType
 
 from loadtest.grpc_user import API_KEY_ENV
-from testkit.harness import SubprocessServer
+from ragplane.testkit.harness import SubprocessServer
 
 
 class LocalServer:

@@ -14,7 +14,16 @@ from pathlib import Path
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DIRS = ("core", "index", "server", "testkit", "tests", "bench", "loadtest", "scripts")
+DEFAULT_DIRS = (
+    "ragplane/core",
+    "ragplane/index",
+    "ragplane/server",
+    "ragplane/testkit",
+    "tests",
+    "bench",
+    "loadtest",
+    "scripts",
+)
 
 
 def _functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:

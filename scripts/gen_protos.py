@@ -1,7 +1,9 @@
 """Generate the Python protobuf/gRPC code of protos/ into the one generated package `ragplane.v1`.
 
 Run by `make protos`; CI runs it with `--check`, which fails if the committed generated
-code differs from what the .proto files produce. Never edit ragplane/v1 by hand.
+code differs from what the .proto files produce. Never edit ragplane/v1 by hand. It owns
+ragplane/v1 alone: the rest of the `ragplane` package (server, index, core, testkit) is
+ours, and a run neither reads nor touches it.
 """
 
 from __future__ import annotations
@@ -37,8 +39,6 @@ def generate(out_root: Path) -> None:
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
     pkg = out_root / "ragplane"
-    (pkg / "__init__.py").write_text(HEADER + '"""Generated API package (see protos/)."""\n')
-    (pkg / "py.typed").write_text("")
     (pkg / "v1" / "__init__.py").write_text(HEADER)
     for f in (pkg / "v1").glob("*.py*"):
         text = f.read_text()
@@ -52,17 +52,17 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         generate(Path(tmp))
-        fresh = Path(tmp) / "ragplane"
+        fresh = Path(tmp) / "ragplane" / "v1"
         if args.check:
-            cmp = filecmp.dircmp(fresh, ROOT / "ragplane", ignore=["__pycache__"])
+            cmp = filecmp.dircmp(fresh, OUT_PKG, ignore=["__pycache__"])
             stale = _differences(cmp)
             if stale:
                 print("generated code is stale; run `make protos`:", *stale, sep="\n  ")
                 return 1
             print("generated code is up to date")
             return 0
-        shutil.rmtree(ROOT / "ragplane", ignore_errors=True)
-        shutil.copytree(fresh, ROOT / "ragplane")
+        shutil.rmtree(OUT_PKG, ignore_errors=True)
+        shutil.copytree(fresh, OUT_PKG)
     print(f"generated {sorted(p.name for p in OUT_PKG.iterdir())}")
     return 0
 

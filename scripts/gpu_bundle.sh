@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from server.embedding.model_files import default_model_dir
+from ragplane.server.embedding.model_files import default_model_dir
 
 src, dst = default_model_dir(), Path(".gpu/model")
 # only what sentence-transformers and the tokenizers read; not README or training data

@@ -18,4 +18,4 @@ fi
 "$PY" -m pip install -q --upgrade pip
 "$PY" -m pip install -q -c constraints.txt -e ".[dev]"
 "$PY" -m pip install -q -c constraints.txt ./embedder_rs
-"$PY" -c "import embedder_rs, server, index, ragplane.v1; print('installed: embedder_rs', embedder_rs.__version__)"
+"$PY" -c "import embedder_rs, ragplane.server, ragplane.index, ragplane.v1; print('installed: embedder_rs', embedder_rs.__version__)"

@@ -21,7 +21,7 @@ fi
 if [ -f embedder_rs/Cargo.toml ] && [ -z "${SKIP_CARGO_TEST:-}" ]; then
   if [ -z "${EMBEDDER_RS_MODEL_DIR:-}" ]; then
     EMBEDDER_RS_MODEL_DIR=$("$VENV/bin/python" -c \
-      'from server.embedding.model_files import default_model_dir; print(default_model_dir())') \
+      'from ragplane.server.embedding.model_files import default_model_dir; print(default_model_dir())') \
       || { echo "error: no model directory for embedder_rs's real-model test" >&2; exit 1; }
   fi
   export EMBEDDER_RS_MODEL_DIR EMBEDDER_RS_REQUIRE_MODEL=1

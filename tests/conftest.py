@@ -11,7 +11,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 @pytest.fixture
 def server(tmp_path):
     """A real server (fake embedder, dim 64) on port 0 with a fresh data directory."""
-    from testkit.harness import InProcessServer
+    from ragplane.testkit.harness import InProcessServer
 
     srv = InProcessServer(tmp_path / "data")
     yield srv
@@ -21,7 +21,7 @@ def server(tmp_path):
 @pytest.fixture(scope="session")
 def st_model():
     """The canonical sentence-transformers model, loaded once per session (CPU)."""
-    from server.embedding.st import SentenceTransformersEmbedder
+    from ragplane.server.embedding.st import SentenceTransformersEmbedder
 
     return SentenceTransformersEmbedder(device="cpu")
 
@@ -29,6 +29,6 @@ def st_model():
 @pytest.fixture(scope="session")
 def onnx_model():
     """The canonical model on ONNX Runtime (exported once, cached), CPU."""
-    from server.embedding.onnx import OnnxEmbedder
+    from ragplane.server.embedding.onnx import OnnxEmbedder
 
     return OnnxEmbedder(device="cpu")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from index.fts_query import TOKENIZE
-from index.lexical import table
-from index.store import DB_NAME
+from ragplane.index.fts_query import TOKENIZE
+from ragplane.index.lexical import table
+from ragplane.index.store import DB_NAME
 
 
 def _postings(db: sqlite3.Connection, schema: str, name: str) -> list[tuple]:

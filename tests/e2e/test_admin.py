@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from ragplane.server.cli import app
+from ragplane.testkit.harness import InProcessServer
 from ragplane.v1 import admin_pb2, common_pb2, index_pb2, search_pb2
-from server.cli import app
-from testkit.harness import InProcessServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -178,7 +178,7 @@ def test_compact_snapshot_restore(server, tmp_path):
     snap = tmp_path / "snap"
     r = s.admin.Snapshot(admin_pb2.SnapshotRequest(dir=str(snap)))
     assert r.bytes > 0
-    from server.admin import AdminOps
+    from ragplane.server.admin import AdminOps
 
     AdminOps.restore(snap, tmp_path / "restored")
     other = InProcessServer(tmp_path / "restored")

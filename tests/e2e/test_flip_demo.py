@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from testkit.harness import ROOT
+from ragplane.testkit.harness import ROOT
 from tests.native import require_embedder_rs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from ragplane.server.conversions import dict_to_struct, py_to_value
+from ragplane.testkit.texts import corpus
 from ragplane.v1 import common_pb2, index_pb2, memory_pb2, search_pb2
-from server.conversions import dict_to_struct, py_to_value
-from testkit.texts import corpus
 
 pytestmark = pytest.mark.e2e
 

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from ragplane.server.cli import app
 from ragplane.v1 import embed_pb2, index_pb2
-from server.cli import app
 
 pytestmark = [pytest.mark.e2e]
 

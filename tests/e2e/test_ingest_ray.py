@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from ragplane.server.cli import app
+from ragplane.testkit.harness import ROOT, InProcessServer
+from ragplane.testkit.texts import sentences, topic_passages
 from ragplane.v1 import admin_pb2, common_pb2, embed_pb2, index_pb2
-from server.cli import app
-from testkit.harness import ROOT, InProcessServer
-from testkit.texts import sentences, topic_passages
 
 from .test_ingest import contents, flat, write_inputs
 
@@ -95,7 +95,7 @@ def test_ray_ingest_of_three_formats_equals_in_process(real):
 
 
 def test_ingest_killed_midway_then_run_again_equals_a_clean_run(real, tmp_path):
-    cmd = [sys.executable, "-m", "server.cli", "ingest", str(real.inputs), "-c", "killed",
+    cmd = [sys.executable, "-m", "ragplane.server.cli", "ingest", str(real.inputs), "-c", "killed",
            "--create", "--ray", "local", "--batch-size", "8", "--addr", f"127.0.0.1:{real.port}"]
     log = tmp_path / "ingest.log"
     with open(log, "wb") as out:
@@ -151,10 +151,10 @@ def test_rebuild_with_reembed_runs_its_embedding_on_ray(real):
 
 
 def test_a_ray_node_with_another_embedder_version_refuses_before_writing(real):
-    from core.errors import FailedPrecondition
-    from server.bulk.embed import EmbedderSpec
-    from server.bulk.pipeline import Options
-    from server.bulk.pipeline import ingest as run
+    from ragplane.core.errors import FailedPrecondition
+    from ragplane.server.bulk.embed import EmbedderSpec
+    from ragplane.server.bulk.pipeline import Options
+    from ragplane.server.bulk.pipeline import ingest as run
 
     written: list = []
 

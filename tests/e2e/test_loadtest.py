@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from testkit.harness import ROOT, SubprocessServer
+from ragplane.testkit.harness import ROOT, SubprocessServer
 
 pytestmark = pytest.mark.e2e
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from ragplane.server.conversions import dict_to_struct, py_to_value
+from ragplane.testkit.harness import InProcessServer, SubprocessServer
 from ragplane.v1 import common_pb2, memory_pb2
-from server.conversions import dict_to_struct, py_to_value
-from testkit.harness import InProcessServer, SubprocessServer
 
 pytestmark = pytest.mark.e2e
 

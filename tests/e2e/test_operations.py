@@ -11,10 +11,10 @@ import urllib.request
 import pytest
 from typer.testing import CliRunner
 
+from ragplane.server.cli import app
+from ragplane.server.embedding.fake import FakeEmbedder
+from ragplane.testkit.harness import InProcessServer
 from ragplane.v1 import common_pb2, embed_pb2, index_pb2, search_pb2
-from server.cli import app
-from server.embedding.fake import FakeEmbedder
-from testkit.harness import InProcessServer
 
 pytestmark = pytest.mark.e2e
 
@@ -88,7 +88,7 @@ def test_metrics(tmp_path):
 
 
 def test_json_logs_carry_request_ids(server, capsys):
-    from server import logs
+    from ragplane.server import logs
 
     logs.setup("DEBUG", as_json=True)
     try:
@@ -103,7 +103,7 @@ def test_json_logs_carry_request_ids(server, capsys):
     ]
     mine = [x for x in lines if x["msg"].startswith("/ragplane.v1.EmbedService/Embed OK")]
     assert mine and mine[0]["request_id"] == "req-42" and mine[0]["level"] == "DEBUG"
-    assert mine[0]["logger"] == "server.interceptors" and mine[0]["ts"].endswith("Z")
+    assert mine[0]["logger"] == "ragplane.server.interceptors" and mine[0]["ts"].endswith("Z")
     assert dict(call.trailing_metadata())["x-request-id"] == "req-42"
 
 

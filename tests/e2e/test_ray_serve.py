@@ -16,9 +16,9 @@ import numpy as np
 import psutil
 import pytest
 
+from ragplane.testkit.harness import InProcessServer, SubprocessServer
+from ragplane.testkit.texts import sentences, topic_passages
 from ragplane.v1 import admin_pb2, embed_pb2
-from testkit.harness import InProcessServer, SubprocessServer
-from testkit.texts import sentences, topic_passages
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -97,8 +97,8 @@ def test_replicas_that_cannot_load_stop_the_start(tmp_path, ray_cluster):
     no weights: the start fails with the reason, and leaves no app behind."""
     from ray import serve
 
-    from core.errors import Unavailable
-    from server.embedding.model_files import default_model_dir
+    from ragplane.core.errors import Unavailable
+    from ragplane.server.embedding.model_files import default_model_dir
 
     broken = tmp_path / "model"
     broken.mkdir()

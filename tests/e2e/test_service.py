@@ -7,8 +7,8 @@ import grpc
 import numpy as np
 import pytest
 
+from ragplane.server.conversions import dict_to_struct, py_to_value
 from ragplane.v1 import common_pb2, embed_pb2, index_pb2, search_pb2
-from server.conversions import dict_to_struct, py_to_value
 
 pytestmark = pytest.mark.e2e
 

@@ -9,10 +9,10 @@ import grpc
 import numpy as np
 import pytest
 
+from ragplane.server.embedding.fake import FakeEmbedder
+from ragplane.testkit.harness import InProcessServer
+from ragplane.testkit.texts import corpus
 from ragplane.v1 import admin_pb2, common_pb2, embed_pb2, index_pb2, search_pb2
-from server.embedding.fake import FakeEmbedder
-from testkit.harness import InProcessServer
-from testkit.texts import corpus
 from tests.native import require_embedder_rs
 
 pytestmark = pytest.mark.e2e
@@ -223,7 +223,7 @@ def test_real_embedder_rs_fills_in_agreement(tmp_path, onnx_model):
     """The shipped pair (canonical model, embedder_rs) at sample rate 1.0 on real text:
     the evidence gets real agreement numbers and G1's cosine criteria hold."""
     require_embedder_rs()
-    from server.embedding.rust import RustEmbedder
+    from ragplane.server.embedding.rust import RustEmbedder
 
     rust = RustEmbedder(device="cpu")
     srv = start(

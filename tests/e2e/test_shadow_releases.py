@@ -11,12 +11,12 @@ import grpc
 import pytest
 from typer.testing import CliRunner
 
+from ragplane.server.cli import app
+from ragplane.server.embedding.fake import FakeEmbedder
+from ragplane.server.shadow.releases import FILE_NAME
+from ragplane.testkit.harness import InProcessServer
+from ragplane.testkit.texts import corpus
 from ragplane.v1 import admin_pb2, embed_pb2
-from server.cli import app
-from server.embedding.fake import FakeEmbedder
-from server.shadow.releases import FILE_NAME
-from testkit.harness import InProcessServer
-from testkit.texts import corpus
 
 pytestmark = pytest.mark.e2e
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.errors import FailedPrecondition
-from testkit.harness import InProcessServer
+from ragplane.core.errors import FailedPrecondition
+from ragplane.testkit.harness import InProcessServer
 from tests.unit.test_warmup import Recording
 
 pytestmark = pytest.mark.e2e

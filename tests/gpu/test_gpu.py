@@ -28,7 +28,7 @@ def _model_dir() -> Path:
     if given:
         return Path(given)
     try:
-        from server.embedding.model_files import default_model_dir
+        from ragplane.server.embedding.model_files import default_model_dir
 
         return default_model_dir()
     except ImportError as exc:
@@ -75,7 +75,7 @@ def _min_cos(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.fixture(scope="module")
 def cpu_vectors():
-    from server.embedding.st import SentenceTransformersEmbedder
+    from ragplane.server.embedding.st import SentenceTransformersEmbedder
 
     texts = held_out()
     cpu = SentenceTransformersEmbedder(_model_dir(), device="cpu")
@@ -86,7 +86,7 @@ def cpu_vectors():
 @pytest.mark.parametrize(("half", "floor"), [(True, 0.9999), (False, 0.99999)])
 def test_canonical_cuda_matches_cpu(request, half, floor) -> None:
     _need_cuda()
-    from server.embedding.st import SentenceTransformersEmbedder
+    from ragplane.server.embedding.st import SentenceTransformersEmbedder
 
     texts, ref = request.getfixturevalue("cpu_vectors")
     cuda = SentenceTransformersEmbedder(_model_dir(), device=DEVICE, half=half, pipelined=True)
@@ -131,8 +131,8 @@ def test_faiss_searches_on_the_gpu(tmp_path) -> None:
         import faiss  # noqa: F401
     except ImportError as exc:
         pytest.skip(f"faiss is not installed: {exc}")
-    from index import Engine, IndexType, Metric, Record
-    from index.gpu import faiss_gpu_available
+    from ragplane.index import Engine, IndexType, Metric, Record
+    from ragplane.index.gpu import faiss_gpu_available
 
     if not faiss_gpu_available():
         pytest.skip("this FAISS build has no GPU support or sees no GPU (make install-gpu)")
@@ -166,8 +166,8 @@ def test_server_embeds_on_cuda(tmp_path, request) -> None:
         import faiss  # noqa: F401
     except ImportError as exc:
         pytest.skip(f"the server needs faiss, which is not installed here: {exc}")
+    from ragplane.testkit.harness import InProcessServer
     from ragplane.v1 import embed_pb2
-    from testkit.harness import InProcessServer
 
     texts, ref = request.getfixturevalue("cpu_vectors")
     srv = InProcessServer(

@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 
+from ragplane.testkit.texts import corpus, long_passages
 from ragplane.v1 import embed_pb2
-from testkit.texts import corpus, long_passages
 
 pytestmark = [pytest.mark.parity, pytest.mark.e2e]
 
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.parity, pytest.mark.e2e]
 def reference():
     from sentence_transformers import SentenceTransformer
 
-    from server.embedding.model_files import default_model_dir
+    from ragplane.server.embedding.model_files import default_model_dir
 
     model = SentenceTransformer(str(default_model_dir()), device="cpu", local_files_only=True)
     model.max_seq_length = 256
@@ -27,7 +27,7 @@ def reference():
 
 @pytest.mark.parametrize("backend", ["sentence-transformers", "onnx"])
 def test_grpc_embed_matches_in_process_encode(tmp_path, backend, request, reference):
-    from testkit.harness import InProcessServer
+    from ragplane.testkit.harness import InProcessServer
 
     st_model = request.getfixturevalue("st_model" if backend != "onnx" else "onnx_model")
     texts = long_passages()[:40] + corpus(400)[::2]  # 240 texts, 40 over 128 tokens

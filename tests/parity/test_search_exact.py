@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ragplane.testkit.harness import InProcessServer
+from ragplane.testkit.texts import corpus
 from ragplane.v1 import common_pb2, index_pb2, search_pb2
-from testkit.harness import InProcessServer
-from testkit.texts import corpus
 
 # Embedding 5,000 texts takes ~1 minute on 2 idle cores; allow for a busy machine.
 pytestmark = [pytest.mark.parity, pytest.mark.e2e, pytest.mark.timeout(1200)]

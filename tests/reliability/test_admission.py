@@ -19,9 +19,9 @@ import grpc
 import psutil
 import pytest
 
+from ragplane.server.embedding.fake import FakeEmbedder
+from ragplane.testkit.harness import InProcessServer
 from ragplane.v1 import common_pb2, embed_pb2, index_pb2, search_pb2
-from server.embedding.fake import FakeEmbedder
-from testkit.harness import InProcessServer
 
 pytestmark = pytest.mark.e2e
 

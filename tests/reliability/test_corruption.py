@@ -12,11 +12,11 @@ import sys
 import numpy as np
 import pytest
 
-from core.errors import Corrupt
-from index import Engine
-from index.store import DB_NAME
+from ragplane.core.errors import Corrupt
+from ragplane.index import Engine
+from ragplane.index.store import DB_NAME
+from ragplane.testkit.harness import ROOT, SubprocessServer
 from ragplane.v1 import admin_pb2, common_pb2, index_pb2
-from testkit.harness import ROOT, SubprocessServer
 
 pytestmark = pytest.mark.e2e
 
@@ -74,7 +74,7 @@ def test_a_damaged_store_stops_the_start_and_restore_brings_it_back(tmp_path):
         [
             sys.executable,
             "-m",
-            "server.cli",
+            "ragplane.server.cli",
             "admin",
             "restore",
             str(snap),

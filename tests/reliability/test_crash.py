@@ -21,9 +21,9 @@ import grpc
 import numpy as np
 import pytest
 
+from ragplane.server.conversions import dict_to_struct, py_to_value
+from ragplane.testkit.harness import Stubs, SubprocessServer
 from ragplane.v1 import common_pb2, index_pb2, memory_pb2, search_pb2
-from server.conversions import dict_to_struct, py_to_value
-from testkit.harness import Stubs, SubprocessServer
 
 pytestmark = pytest.mark.e2e
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from index.validate import MAX_TOP_K
+from ragplane.index.validate import MAX_TOP_K
+from ragplane.testkit.harness import Stubs, SubprocessServer
 from ragplane.v1 import common_pb2, index_pb2, search_pb2
-from testkit.harness import Stubs, SubprocessServer
 from tests.lexical_consistency import assert_lexical_matches_items
 
 pytestmark = pytest.mark.e2e

@@ -17,13 +17,13 @@ import grpc
 import numpy as np
 import pytest
 
-from core.errors import Corrupt, StorageFull, StorageReadOnly
-from core.storage import storage_error
+from ragplane.core.errors import Corrupt, StorageFull, StorageReadOnly
+from ragplane.core.storage import storage_error
+from ragplane.server.auth import KeyStore
+from ragplane.server.shadow.evidence import EvidenceKey, EvidenceStore
+from ragplane.server.shadow.experiment import Experiment, Observation
+from ragplane.testkit.harness import InProcessServer, SubprocessServer
 from ragplane.v1 import admin_pb2, common_pb2, index_pb2, search_pb2
-from server.auth import KeyStore
-from server.shadow.evidence import EvidenceKey, EvidenceStore
-from server.shadow.experiment import Experiment, Observation
-from testkit.harness import InProcessServer, SubprocessServer
 
 DIM = 256  # FAISS checkpoints as large as the rows: they run out of room first
 # Freed to give the volume room again: at least what the WAL grew to, since closing the store
@@ -155,7 +155,7 @@ def test_snapshot_to_a_full_or_read_only_destination_is_refused_and_removed(tmp_
         for vol in (full, ro):
             subprocess.run(["umount", "-l", str(vol)], check=False)
     restored = tmp_path / "restored"
-    from server.admin import AdminOps
+    from ragplane.server.admin import AdminOps
 
     AdminOps.restore(tmp_path / "ok", restored)
     again = InProcessServer(restored)

@@ -22,6 +22,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ragplane.server.conversions import dict_to_struct
+from ragplane.testkit.harness import InProcessServer
 from ragplane.v1 import (
     admin_pb2,
     common_pb2,
@@ -30,8 +32,6 @@ from ragplane.v1 import (
     memory_pb2,
     search_pb2,
 )
-from server.conversions import dict_to_struct
-from testkit.harness import InProcessServer
 from tests.reliability.protogen import messages, mutations
 
 KEY = "fuzz-admin-key-0123456789abcdef"

@@ -14,9 +14,9 @@ import threading
 import grpc
 import pytest
 
+from ragplane.server.conversions import dict_to_struct, py_to_value
+from ragplane.testkit.harness import InProcessServer
 from ragplane.v1 import admin_pb2, common_pb2, index_pb2, memory_pb2, search_pb2
-from server.conversions import dict_to_struct, py_to_value
-from testkit.harness import InProcessServer
 
 pytestmark = pytest.mark.e2e
 

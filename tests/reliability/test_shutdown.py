@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from ragplane.testkit.harness import SubprocessServer
 from ragplane.v1 import common_pb2, embed_pb2, index_pb2
-from testkit.harness import SubprocessServer
 
 pytestmark = pytest.mark.e2e
 

@@ -9,12 +9,12 @@ import grpc
 import pytest
 from google.protobuf.message_factory import GetMessageClass
 
-from core.errors import InvalidArgument
+from ragplane.core.errors import InvalidArgument
+from ragplane.server.app import create_server
+from ragplane.server.conversions import dict_to_struct
+from ragplane.server.settings import Settings
+from ragplane.testkit.harness import InProcessServer
 from ragplane.v1 import admin_pb2, common_pb2, index_pb2, memory_pb2, search_pb2
-from server.app import create_server
-from server.conversions import dict_to_struct
-from server.settings import Settings
-from testkit.harness import InProcessServer
 
 pytestmark = pytest.mark.e2e
 

@@ -6,10 +6,10 @@ import grpc
 import pytest
 import trustme
 
-from core.errors import InvalidArgument
+from ragplane.core.errors import InvalidArgument
+from ragplane.server.app import create_server
+from ragplane.server.settings import Settings
 from ragplane.v1 import embed_pb2, embed_pb2_grpc
-from server.app import create_server
-from server.settings import Settings
 
 pytestmark = pytest.mark.e2e
 

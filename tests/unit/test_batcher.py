@@ -6,9 +6,9 @@ import time
 import numpy as np
 import pytest
 
-from core.errors import ResourceExhausted
-from server.embedding.batcher import EmbedBatcher
-from server.embedding.fake import FakeEmbedder
+from ragplane.core.errors import ResourceExhausted
+from ragplane.server.embedding.batcher import EmbedBatcher
+from ragplane.server.embedding.fake import FakeEmbedder
 
 
 class CountingEmbedder(FakeEmbedder):

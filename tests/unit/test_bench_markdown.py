@@ -76,7 +76,7 @@ def test_unmarked_or_broken_sections_are_refused(text):
 
 
 def test_the_report_has_one_marked_block_per_section():
-    from testkit.harness import ROOT
+    from ragplane.testkit.harness import ROOT
 
     text = (ROOT / "BENCHMARKS.md").read_text()
     for key, (title, _, _) in SECTIONS.items():

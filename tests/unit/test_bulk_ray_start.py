@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-raydata = pytest.importorskip("server.bulk.raydata")
-from core.errors import Unavailable  # noqa: E402
+raydata = pytest.importorskip("ragplane.server.bulk.raydata")
+from ragplane.core.errors import Unavailable  # noqa: E402
 
 
 class FakeRay:

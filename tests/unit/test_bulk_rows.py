@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from core.errors import InvalidArgument
-from server.bulk import rows
-from server.bulk.embed import VECTOR
-from server.bulk.pipeline import BadRows, Options, Sink, Summary, find_bad_rows
+from ragplane.core.errors import InvalidArgument
+from ragplane.server.bulk import rows
+from ragplane.server.bulk.embed import VECTOR
+from ragplane.server.bulk.pipeline import BadRows, Options, Sink, Summary, find_bad_rows
 
 
 def read(path, size: int = 1000) -> list[tuple]:
@@ -201,8 +201,8 @@ def test_failing_mode_finds_every_bad_row_before_writing(tmp_path):
 
 
 def test_the_actor_pool_fits_the_cluster():
-    from server.bulk.embed import EmbedderSpec
-    from server.bulk.raydata import Cluster, pool
+    from ragplane.server.bulk.embed import EmbedderSpec
+    from ragplane.server.bulk.raydata import Cluster, pool
 
     spec = EmbedderSpec("onnx@1")
     # this machine: one actor on one CPU, computing on both cores (Ray would give it one

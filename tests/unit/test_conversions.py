@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from core.errors import InvalidArgument
-from index.types import (
+from ragplane.core.errors import InvalidArgument
+from ragplane.index.types import (
     CollectionInfo,
     Condition,
     Filter,
@@ -23,9 +23,9 @@ from index.types import (
     SearchMode,
     SearchResult,
 )
+from ragplane.server import conversions as conv
+from ragplane.server.memory import Memory
 from ragplane.v1 import common_pb2, index_pb2, search_pb2
-from server import conversions as conv
-from server.memory import Memory
 
 
 def test_filter_round_trip_every_op():
@@ -155,7 +155,7 @@ def test_unknown_enums_are_invalid_argument(bad):
 
 
 def test_shadow_case_round_trip_with_classes_and_watch():
-    from server.shadow.types import (
+    from ragplane.server.shadow.types import (
         CaseStatus,
         ClassEvidence,
         FlipEvent,

@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
-from core.errors import InvalidArgument, Unavailable
-from server.embedding.ray_serve import _check_reachable
-from server.settings import Settings
+from ragplane.core.errors import InvalidArgument, Unavailable
+from ragplane.server.embedding.ray_serve import _check_reachable
+from ragplane.server.settings import Settings
 
 
 def test_in_process_is_the_default():

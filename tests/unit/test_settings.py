@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.errors import InvalidArgument
-from server.settings import Settings
+from ragplane.core.errors import InvalidArgument
+from ragplane.server.settings import Settings
 
 
 def test_sources_in_order(tmp_path):

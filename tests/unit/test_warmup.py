@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from core.errors import FailedPrecondition
-from server.embedding.fake import FakeEmbedder
-from server.embedding.warmup import largest_pass, warm_up
+from ragplane.core.errors import FailedPrecondition
+from ragplane.server.embedding.fake import FakeEmbedder
+from ragplane.server.embedding.warmup import largest_pass, warm_up
 
 
 class Recording(FakeEmbedder):

@@ -3,7 +3,7 @@ package ragplane_test
 // A smoke test against a live ragplane server: embed, create a collection, upsert, search,
 // remember and recall, asserting real results.
 //
-// The server is `python -m server.cli serve` from the repository's virtualenv ($VENV,
+// The server is `python -m ragplane.server.cli serve` from the repository's virtualenv ($VENV,
 // default <repo>/.venv) on port 0 with the deterministic fake embedder and a fresh data
 // directory, or the server at $RAGPLANE_ADDR (host:port) when that is set, with
 // $RAGPLANE_API_KEY if the server needs one. Without either the test is skipped.
@@ -68,7 +68,7 @@ func startServer(t *testing.T, settings ...string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"-m", "server.cli", "serve", "--port", "0", "--embedder", "fake",
+	args := []string{"-m", "ragplane.server.cli", "serve", "--port", "0", "--embedder", "fake",
 		"--data-dir", filepath.Join(dir, "data"), "--set", "port_file=" + portFile, "--set", "koder_toml="}
 	for _, kv := range settings {
 		args = append(args, "--set", kv)

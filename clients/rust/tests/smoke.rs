@@ -1,7 +1,7 @@
 //! Smoke test against a live ragplane server: embed, create a collection, upsert, search,
 //! remember and recall, asserting real results.
 //!
-//! The server is `python -m server.cli serve` from the repository's virtualenv (`$VENV`,
+//! The server is `python -m ragplane.server.cli serve` from the repository's virtualenv (`$VENV`,
 //! default `<repo>/.venv`) on port 0 with the deterministic fake embedder and a fresh data
 //! directory, or the server at `$RAGPLANE_ADDR` (`host:port`) when that is set. Without
 //! either, the test prints why and passes without running: the Rust client alone does not
@@ -60,7 +60,7 @@ fn start_server(python: &Path, root: &Path, settings: &[String]) -> (Server, u16
     let child = Command::new(python)
         .args([
             "-m",
-            "server.cli",
+            "ragplane.server.cli",
             "serve",
             "--port",
             "0",

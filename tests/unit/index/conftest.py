@@ -3,7 +3,7 @@ from __future__ import annotations
 import faiss
 import pytest
 
-from index import Engine
+from ragplane.index import Engine
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from index import Engine, Filter, IndexType, Metric, Record
-from index.types import Condition, FilterOp
+from ragplane.index import Engine, Filter, IndexType, Metric, Record
+from ragplane.index.types import Condition, FilterOp
 
 from .vectors import make_vectors
 

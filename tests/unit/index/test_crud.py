@@ -3,9 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.errors import AlreadyExists, NotFound
-from index import Engine, Filter, IndexParams, IndexType, Metric, Record
-from index.types import Condition, FilterOp
+from ragplane.core.errors import AlreadyExists, NotFound
+from ragplane.index import Engine, Filter, IndexParams, IndexType, Metric, Record
+from ragplane.index.types import Condition, FilterOp
 
 from .vectors import make_records, make_vectors, normalise
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.errors import FailedPrecondition
-from index import Engine, IndexType, Metric, Record
-from index.faiss_index import checkpoint_files
+from ragplane.core.errors import FailedPrecondition
+from ragplane.index import Engine, IndexType, Metric, Record
+from ragplane.index.faiss_index import checkpoint_files
 
 from .vectors import brute_force, make_records, make_vectors
 
@@ -88,7 +88,7 @@ WRITER = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from index import Engine, IndexType, Metric, Record
+    from ragplane.index import Engine, IndexType, Metric, Record
     eng = Engine(sys.argv[1], checkpoint_every=40)
     try:
         eng.create_collection("default", "c", dim=8, metric=Metric.L2,

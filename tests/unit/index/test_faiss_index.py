@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from index import faiss_index as fx
-from index.types import IndexParams, IndexType, Metric
+from ragplane.index import faiss_index as fx
+from ragplane.index.types import IndexParams, IndexType, Metric
 
 
 @settings(max_examples=50, deadline=None)

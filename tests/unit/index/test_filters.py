@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from index import Filter, IndexType, Metric
-from index import search as search_mod
-from index.types import Condition, FilterOp
+from ragplane.index import Filter, IndexType, Metric
+from ragplane.index import search as search_mod
+from ragplane.index.types import Condition, FilterOp
 
 from .vectors import brute_force, make_records, make_vectors
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from index import Condition, Engine, Filter, FilterOp, IndexType, Metric, Record
-from index import faiss_index as fx
+from ragplane.index import Condition, Engine, Filter, FilterOp, IndexType, Metric, Record
+from ragplane.index import faiss_index as fx
 
 
 @pytest.mark.parametrize("metric", list(Metric))

@@ -9,8 +9,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from core.errors import InvalidArgument
-from index.fts_query import MAX_TERM_CHARS, MAX_TERMS, TOKENIZE, match_expression, query_terms
+from ragplane.core.errors import InvalidArgument
+from ragplane.index.fts_query import (
+    MAX_TERM_CHARS,
+    MAX_TERMS,
+    TOKENIZE,
+    match_expression,
+    query_terms,
+)
 
 DOCS = {
     1: "Call SSL_CTX_set_options before the handshake.",

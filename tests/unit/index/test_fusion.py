@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.errors import InvalidArgument
-from index.fusion import check, fuse
-from index.types import Fusion, FusionMethod
+from ragplane.core.errors import InvalidArgument
+from ragplane.index.fusion import check, fuse
+from ragplane.index.types import Fusion, FusionMethod
 
 RRF = Fusion()
 WEIGHTED = Fusion(method=FusionMethod.WEIGHTED)

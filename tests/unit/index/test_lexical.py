@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.errors import FailedPrecondition, InvalidArgument, NotFound
-from index import Engine, IndexType, Metric, Record
-from index.types import Condition, Filter, FilterOp, Fusion, FusionMethod
-from testkit.texts import corpus
+from ragplane.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from ragplane.index import Engine, IndexType, Metric, Record
+from ragplane.index.types import Condition, Filter, FilterOp, Fusion, FusionMethod
+from ragplane.testkit.texts import corpus
 from tests.lexical_consistency import assert_lexical_matches_items
 
 T = "tenant"
@@ -203,8 +203,8 @@ def test_words_half_the_collection_holds_are_left_out_without_changing_the_ranki
 ):
     import sqlite3
 
-    from index import lexical
-    from index.fts_query import match_expression
+    from ragplane.index import lexical
+    from ragplane.index.fts_query import match_expression
 
     engine.create_collection(
         T, "w", dim=2, metric=Metric.IP, index_type=IndexType.FLAT, embedder=""

@@ -8,8 +8,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from index import Engine, Filter, IndexType, Metric, Record
-from index.types import Condition, FilterOp
+from ragplane.index import Engine, Filter, IndexType, Metric, Record
+from ragplane.index.types import Condition, FilterOp
 
 from .vectors import brute_force
 

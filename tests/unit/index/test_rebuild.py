@@ -12,9 +12,9 @@ import faiss
 import numpy as np
 import pytest
 
-from core.errors import FailedPrecondition, InvalidArgument
-from index import Engine, Filter, IndexParams, IndexType, Metric, RebuildProgress, Record
-from index.types import Condition, FilterOp
+from ragplane.core.errors import FailedPrecondition, InvalidArgument
+from ragplane.index import Engine, Filter, IndexParams, IndexType, Metric, RebuildProgress, Record
+from ragplane.index.types import Condition, FilterOp
 
 from .vectors import brute_force, make_records, make_vectors, normalise
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from index import IndexType, Metric
+from ragplane.index import IndexType, Metric
 
 from .vectors import brute_force, make_records, make_vectors
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index import Engine, IndexType, Kind, Metric, Record
-from index.store import DB_NAME, SCHEMA_VERSION
+from ragplane.index import Engine, IndexType, Kind, Metric, Record
+from ragplane.index.store import DB_NAME, SCHEMA_VERSION
+from ragplane.testkit.harness import InProcessServer
 from ragplane.v1 import index_pb2, memory_pb2
-from testkit.harness import InProcessServer
 
 V0 = Path(__file__).parent / "data" / "store_v0"
 MEMORIES = [

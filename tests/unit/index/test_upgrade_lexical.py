@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index import Engine, Kind, lexical
-from index.store import DB_NAME, SCHEMA_VERSION
+from ragplane.index import Engine, Kind, lexical
+from ragplane.index.store import DB_NAME, SCHEMA_VERSION
+from ragplane.testkit.harness import InProcessServer
 from ragplane.v1 import common_pb2, memory_pb2, search_pb2
-from testkit.harness import InProcessServer
 from tests.lexical_consistency import assert_lexical_matches_items
 
 DATA = Path(__file__).parent / "data"

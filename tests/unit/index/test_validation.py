@@ -3,9 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.errors import InvalidArgument, NotFound
-from index import Filter, IndexParams, IndexType, Metric, Record
-from index.types import Condition, FilterOp
+from ragplane.core.errors import InvalidArgument, NotFound
+from ragplane.index import Filter, IndexParams, IndexType, Metric, Record
+from ragplane.index.types import Condition, FilterOp
 
 T = "default"
 
@@ -167,8 +167,8 @@ def test_delete_needs_ids_or_filter(coll):
 
 
 def test_closed_engine_refuses(tmp_path):
-    from core.errors import Unavailable
-    from index import Engine
+    from ragplane.core.errors import Unavailable
+    from ragplane.index import Engine
 
     eng = Engine(tmp_path / "d")
     eng.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from index.types import Metric, Record
+from ragplane.index.types import Metric, Record
 
 
 def make_vectors(n: int, dim: int, seed: int = 0, *, clusters: int = 0) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Tests of the shadow: experiment, evidence, gates, manager, releases."""
 
-from server.shadow.config import Gates
+from ragplane.server.shadow.config import Gates
 
 # Gates for fake embedders: small minimums, and no A/A floor or shadow-time minimum (fakes
 # take microseconds, and a test cannot wait a day); each test raises what it judges.

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from server.shadow.experiment import Experiment, Observation
+from ragplane.server.shadow.experiment import Experiment, Observation
 
 
 class FakePublisher:

@@ -10,11 +10,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from core.errors import InvalidArgument
-from server.shadow.config import Gates, parse_pair
-from server.shadow.evidence import EvidenceKey, EvidenceStore
-from server.shadow.gates import evaluate_gates, release_evidence, watch_verdict
-from server.shadow.timing import estimate
+from ragplane.core.errors import InvalidArgument
+from ragplane.server.shadow.config import Gates, parse_pair
+from ragplane.server.shadow.evidence import EvidenceKey, EvidenceStore
+from ragplane.server.shadow.gates import evaluate_gates, release_evidence, watch_verdict
+from ragplane.server.shadow.timing import estimate
 
 G = Gates(
     min_samples=100,

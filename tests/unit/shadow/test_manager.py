@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from server.embedding.fake import FakeEmbedder
-from server.shadow.config import PairConfig
-from server.shadow.evidence import EvidenceStore
-from server.shadow.manager import ShadowManager
+from ragplane.server.embedding.fake import FakeEmbedder
+from ragplane.server.shadow.config import PairConfig
+from ragplane.server.shadow.evidence import EvidenceStore
+from ragplane.server.shadow.manager import ShadowManager
 from tests.unit.shadow import LAX
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.errors import StorageFull
-from server.embedding.fake import FakeEmbedder
-from server.shadow.config import Gates, PairConfig
-from server.shadow.evidence import EvidenceStore
-from server.shadow.manager import ShadowManager
+from ragplane.core.errors import StorageFull
+from ragplane.server.embedding.fake import FakeEmbedder
+from ragplane.server.shadow.config import Gates, PairConfig
+from ragplane.server.shadow.evidence import EvidenceStore
+from ragplane.server.shadow.manager import ShadowManager
 from tests.unit.shadow import LAX
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import InvalidArgument
-from server.shadow import config
-from server.shadow.config import Gates, discover_koder_toml
-from server.shadow.releases import FILE_NAME, ReleaseHistory, history_beside, record_from
-from server.shadow.types import ClassEvidence, ReleaseEvidence
-from testkit.harness import ROOT
+from ragplane.core.errors import InvalidArgument
+from ragplane.server.shadow import config
+from ragplane.server.shadow.config import Gates, discover_koder_toml
+from ragplane.server.shadow.releases import FILE_NAME, ReleaseHistory, history_beside, record_from
+from ragplane.server.shadow.types import ClassEvidence, ReleaseEvidence
+from ragplane.testkit.harness import ROOT
 
 G = Gates(min_samples=100, min_probes=20, min_timed_batches=30)
 
@@ -135,7 +135,7 @@ def test_a_garbled_history_names_the_file(tmp_path, text, msg):
 
 
 def test_evidence_round_trips_through_shadow_status():
-    from server.conversions import release_evidence_from_pb, release_evidence_to_pb
+    from ragplane.server.conversions import release_evidence_from_pb, release_evidence_to_pb
 
     ev = dataclasses.replace(evidence("rs@1", errors=2), dropped=3, passed_g1=True)
     assert release_evidence_from_pb(release_evidence_to_pb(ev)) == ev
@@ -157,7 +157,7 @@ def test_the_repository_history_parses():
 
 def test_auto_finds_the_projects_koder_toml_from_any_folder(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)  # no koder.toml here
-    with caplog.at_level(logging.INFO, logger="server.shadow.config"):
+    with caplog.at_level(logging.INFO, logger="ragplane.server.shadow.config"):
         found = discover_koder_toml("auto")
     assert found is not None and found.resolve() == (ROOT / "koder.toml").resolve()
     assert any(r.levelno == logging.INFO and str(found) in r.getMessage() for r in caplog.records)
@@ -172,7 +172,7 @@ def test_auto_prefers_the_working_directorys_file(tmp_path, monkeypatch):
 def test_auto_warns_when_nothing_is_found(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(config, "_installed_from", lambda: None)
-    with caplog.at_level(logging.INFO, logger="server.shadow.config"):
+    with caplog.at_level(logging.INFO, logger="ragplane.server.shadow.config"):
         assert discover_koder_toml("auto") is None
     (warn,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "no koder.toml found" in warn.getMessage() and "RAGPLANE_KODER_TOML" in warn.getMessage()
@@ -190,7 +190,7 @@ def test_an_installed_server_started_elsewhere_reads_the_projects_pairs(tmp_path
     """The whole path through a fresh interpreter started in an unrelated folder, as a
     supervisor would start it: the same koder.toml as from the repository root."""
     code = (
-        "from server.settings import Settings; from server.shadow.config import "
+        "from ragplane.server.settings import Settings; from ragplane.server.shadow.config import "
         "discover_koder_toml, load_pairs; p = discover_koder_toml(Settings.load().koder_toml); "
         "print(p); print(sorted(load_pairs(p)))"
     )

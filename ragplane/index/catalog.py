@@ -1,0 +1,111 @@
+"""Creating, describing and dropping collections."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+from ragplane.core.errors import AlreadyExists, InvalidArgument
+from ragplane.index import faiss_index as fx
+from ragplane.index import repository as repo
+from ragplane.index.context import Context
+from ragplane.index.state import Coll
+from ragplane.index.types import CollectionInfo, IndexParams, IndexType, Metric
+from ragplane.index.validate import check_dim, check_name, check_params, to_enum
+
+
+def create(
+    ctx: Context, tenant: str, name: str, dim: int, metric: Metric, index_type: IndexType,
+    embedder: str, params: IndexParams, lexical_index: bool = True,
+) -> CollectionInfo:
+    """Create an empty collection, with a lexical index of its text unless `lexical_index` is
+    False. Raises AlreadyExists if (tenant, name) is taken."""
+    ctx.check_open()
+    check_name(name)
+    if not isinstance(tenant, str) or not tenant:
+        raise InvalidArgument("tenant must be a non-empty string")
+    dim = check_dim(dim)
+    metric = to_enum(Metric, metric, "metric")
+    index_type = to_enum(IndexType, index_type, "index_type")
+    params = check_params(index_type, dim, params)
+    if not isinstance(embedder, str):
+        raise InvalidArgument("embedder must be a string (name@version)")
+    # ivf_pq needs training data: serve exactly until a rebuild can train it
+    kind = IndexType.FLAT if index_type == IndexType.IVF_PQ else index_type
+    rparams = fx.resolve_params(kind, dim, params)
+    now = time.time()
+    with ctx.reg_lock:
+        if ctx.find(tenant, name) is not None:
+            raise AlreadyExists(
+                f"collection {name!r} already exists; pick another name or delete it first"
+            )
+        with ctx.tx() as c:
+            coll_id = repo.insert_collection(
+                c, tenant, ctx.kind, name, dim, metric.value, params, index_type, kind, rparams,
+                embedder, now, bool(lexical_index),
+            )
+        coll = Coll(
+            id=coll_id,
+            tenant=tenant,
+            name=name,
+            dim=dim,
+            metric=metric,
+            index_type=index_type,
+            embedder=embedder,
+            params=params,
+            generation=1,
+            created_at=now,
+            dir=ctx.idx_dir / str(coll_id),
+            kind=kind,
+            rparams=rparams,
+            index=fx.new_index(kind, dim, metric, rparams),
+            purpose=ctx.kind,
+            lexical=bool(lexical_index),
+        )
+        ctx.register(coll)
+    return info(coll)
+
+
+def delete(ctx: Context, tenant: str, name: str) -> None:
+    with ctx.reg_lock:
+        coll = ctx.get(tenant, name)
+        with coll.write_mutex:
+            with ctx.tx() as c:
+                repo.delete_collection(c, coll.id)
+            with coll.rw.write():
+                coll.dropped = True
+            ctx.unregister(coll)
+    with coll.ckpt_lock:
+        shutil.rmtree(coll.dir, ignore_errors=True)
+
+
+def info(coll: Coll) -> CollectionInfo:
+    with coll.rw.read():
+        ntotal = coll.index.ntotal
+        live = coll.live_count
+        params = coll.rparams if coll.kind == coll.index_type else coll.params
+        return CollectionInfo(
+            name=coll.name,
+            tenant=coll.tenant,
+            dim=coll.dim,
+            metric=coll.metric,
+            index_type=coll.index_type,
+            embedder=coll.embedder,
+            generation=coll.generation,
+            count=live,
+            tombstones=max(0, ntotal - live),
+            params=params,
+            created_at=coll.created_at,
+            lexical_index=coll.lexical,
+        )
+
+
+def set_embedder(ctx: Context, tenant: str, name: str, embedder: str) -> None:
+    """Record that the collection's vectors come from `embedder` (name@version)."""
+    if not isinstance(embedder, str) or not embedder:
+        raise InvalidArgument("embedder must be a non-empty string (name@version)")
+    coll = ctx.get(tenant, name)
+    with coll.write_mutex:
+        with ctx.tx() as c:
+            repo.set_embedder(c, coll.id, coll.generation, embedder)
+        coll.embedder = embedder

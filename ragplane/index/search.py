@@ -1,0 +1,218 @@
+"""Search planning: FAISS, a BLAS batch over a flat index, or an exact scan of few matches.
+
+Scores are higher-is-better for every metric (l2: negative squared distance).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import faiss
+import numpy as np
+
+from ragplane.core.errors import NotFound
+from ragplane.index import faiss_index as fx
+from ragplane.index import repository as repo
+from ragplane.index.context import Context
+from ragplane.index.filters import compile_filter
+from ragplane.index.gpu import GPU_MAX_K
+from ragplane.index.reads import matching
+from ragplane.index.state import Coll
+from ragplane.index.types import Filter, Hit, IndexType, Metric, SearchResult
+from ragplane.index.validate import check_top_k, query_vectors
+
+# A filtered search on an approximate index scans the matching vectors exactly when the
+# filter leaves at most this many (or this fraction of) live items: cheap, and exact.
+EXACT_SCAN_MAX = 4096
+EXACT_SCAN_FRACTION = 0.02
+
+RawHits = list[list[tuple[int, str, float]]]  # per query: (seq, item id, score)
+
+
+if "__dict__" in dir(Hit) and not hasattr(Hit, "__slots__"):
+    _new = object.__new__
+
+    def _hit(item_id: str, score: float, text: str, metadata: Any) -> Hit:
+        # Hit is a frozen dataclass, whose __init__ (object.__setattr__ per field) costs
+        # ~3x this; searches build up to top_k of them per query.
+        h = _new(Hit)
+        h.__dict__.update(
+            id=item_id, score=score, text=text, metadata=metadata, dense=score, lexical=None,
+            fused=None,
+        )
+        return h
+
+else:  # pragma: no cover - if Hit ever gains __slots__
+
+    def _hit(item_id: str, score: float, text: str, metadata: Any) -> Hit:
+        return Hit(id=item_id, score=score, text=text, metadata=metadata, dense=score)
+
+
+def _mask_lookup(mask: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    def allowed(ids: np.ndarray) -> np.ndarray:
+        ok = ids < mask.size
+        ok[ok] = mask[ids[ok]]
+        return ok
+
+    return allowed
+
+
+def search(
+    ctx: Context, tenant: str, name: str, queries: Any, top_k: int, filter: Filter | None,
+    include_text: bool, include_metadata: bool,
+) -> list[SearchResult]:
+    """Nearest live items to each row of `queries` ([n, dim] or [dim]), best first.
+
+    One FAISS call serves all rows. With a filter, results fill `top_k` whenever that many
+    live items match; `exhaustive` says whether the result is exact.
+    """
+    coll = ctx.get(tenant, name)
+    k = check_top_k(top_k)
+    q = query_vectors(queries, coll.dim, coll.metric, coll.name)
+    found = None
+    if filter is not None and not filter.is_empty():
+        found = matching(ctx, coll, filter)
+    elif filter is not None:
+        compile_filter(filter)
+    with coll.rw.read():
+        if coll.dropped:
+            raise NotFound(f"collection {name!r} was deleted")
+        planned = _run(ctx, coll, q, k, found)
+    if planned is None:
+        return [SearchResult(hits=(), returned_k=0, exhaustive=True) for _ in range(len(q))]
+    raw, exhaustive, exact_rows = planned
+    extra = _extras(ctx, raw, include_text, include_metadata)
+    out = []
+    for row, hits in enumerate(raw):
+        if extra:
+            hl = [_hit(i, s, extra[seq][0], extra[seq][1]) for seq, i, s in hits]
+        else:
+            hl = [_hit(i, s, "", {}) for _, i, s in hits]
+        row_exact = exhaustive or row in exact_rows
+        out.append(SearchResult(hits=hl, returned_k=len(hl), exhaustive=bool(row_exact)))
+    return out
+
+
+def _run(
+    ctx: Context, coll: Coll, q: np.ndarray, k: int, found: np.ndarray | None
+) -> tuple[RawHits, bool, set[int]] | None:
+    """Search under `rw` (read); None when nothing can match. Returns the raw hits, whether
+    every row is exact, and the rows redone exactly."""
+    if found is not None:
+        # deleted since, or committed but not yet indexed: left out
+        found = found[coll.live.contains(found)]
+        n_candidates = int(found.size)
+    else:
+        n_candidates = coll.live_count
+    if n_candidates == 0:
+        return None
+    exhaustive = coll.kind == IndexType.FLAT
+    exact_rows: set[int] = set()
+    few = n_candidates <= EXACT_SCAN_MAX or n_candidates <= EXACT_SCAN_FRACTION * coll.live_count
+    if found is not None and not exhaustive and few:
+        dist, lab = exact(ctx, coll, q, k, found)
+        exhaustive = True
+    else:
+        dist, lab = _indexed(ctx, coll, q, k, found)
+        if not exhaustive:
+            exact_rows = _fill_short(ctx, coll, q, k, found, n_candidates, dist, lab)
+    return _raw_hits(coll, dist, lab), exhaustive, exact_rows
+
+
+def _indexed(
+    ctx: Context, coll: Coll, q: np.ndarray, k: int, found: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Search the collection's index, restricted to `found` (or the live set)."""
+    mask = None
+    if found is not None:
+        mask = np.zeros(coll.live.capacity, dtype=bool)
+        mask[found] = True
+        sel: Any = fx.BitmapSelector(mask)
+    elif coll.index.ntotal > coll.live_count:
+        sel = coll.live_selector()
+    else:
+        sel = None
+    flat = coll.kind == IndexType.FLAT
+    if ctx.gpu is not None and flat and sel is None and k <= GPU_MAX_K:
+        return ctx.gpu.search(coll.id, coll.index, q, k)
+    if flat and q.shape[0] >= fx.BLAS_MIN_QUERIES:
+        if mask is not None:
+            allowed = _mask_lookup(mask)
+        elif sel is not None:
+            allowed = coll.live.contains
+        else:
+            allowed = None
+        return fx.flat_batch_search(coll.index, q, k, coll.metric, allowed)
+    params = fx.search_params(coll.kind, coll.rparams, k, sel.sel if sel is not None else None)
+    return coll.index.search(q, k, params=params)
+
+
+def _fill_short(
+    ctx: Context, coll: Coll, q: np.ndarray, k: int, found: np.ndarray | None,
+    n_candidates: int, dist: np.ndarray, lab: np.ndarray,
+) -> set[int]:
+    """An approximate index may come back short under a filter or many tombstones: redo
+    those rows exactly (in place) so top_k is filled. Returns the rows redone."""
+    need = min(k, n_candidates)
+    short = np.flatnonzero((lab >= 0).sum(axis=1) < need)
+    if not short.size:
+        return set()
+    cand = found if found is not None else coll.live.to_array()
+    dist[short], lab[short] = exact(ctx, coll, q[short], k, cand)
+    return set(short.tolist())
+
+
+def _raw_hits(coll: Coll, dist: np.ndarray, lab: np.ndarray) -> RawHits:
+    id_of = coll.seq_to_id
+    if coll.metric == Metric.L2:
+        dist = -dist
+    raw = []
+    for drow, irow in zip(dist.tolist(), lab.tolist(), strict=True):
+        hits = []
+        for s, seq in zip(drow, irow, strict=True):
+            if seq < 0:
+                break
+            item_id = id_of.get(seq)
+            if item_id is not None:
+                hits.append((seq, item_id, s))
+        raw.append(hits)
+    return raw
+
+
+def _extras(
+    ctx: Context, raw: RawHits, include_text: bool, include_metadata: bool
+) -> dict[int, tuple[str, Any]]:
+    """Text and metadata of the hits, by seq, when asked for."""
+    extra: dict[int, tuple[str, Any]] = {}
+    if not (include_text or include_metadata):
+        return extra
+    want = sorted({h[0] for hits in raw for h in hits})
+    if want:
+        for seq, text, md in repo.texts_of(ctx.reader(), want):
+            extra[seq] = (
+                text if include_text else "",
+                json.loads(md) if include_metadata else {},
+            )
+    return extra
+
+
+def exact(
+    ctx: Context, coll: Coll, q: np.ndarray, k: int, seqs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k of `q` over the vectors of `seqs` (live, indexed). Called under rw."""
+    if coll.kind == IndexType.IVF_PQ:  # PQ codes are lossy: read the stored vectors
+        seqs, X = repo.vectors_of(ctx.reader(), seqs, coll.dim)
+    else:
+        X = coll.index.reconstruct_batch(seqs)
+    kk = min(k, X.shape[0])
+    dist = np.full(
+        (q.shape[0], k), -np.inf if coll.metric != Metric.L2 else np.inf, dtype=np.float32
+    )
+    lab = np.full((q.shape[0], k), -1, dtype=np.int64)
+    if kk:
+        d, pos = faiss.knn(q, np.ascontiguousarray(X), kk, metric=fx.faiss_metric(coll.metric))
+        dist[:, :kk] = d
+        lab[:, :kk] = np.where(pos >= 0, seqs[np.maximum(pos, 0)], -1)
+    return dist, lab

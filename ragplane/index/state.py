@@ -1,0 +1,151 @@
+"""In-memory state of one open collection, and the locks that guard it.
+
+Lock order (outermost first): maint_lock -> write_mutex -> the store's writer lock -> rw.
+Per collection, `write_mutex` serialises writers (so sequence numbers reach FAISS in
+commit order) and the swap step of a rebuild; `rw` is a readers-writer lock: searches
+share it, FAISS adds and index swaps take it exclusively. `maint_lock` admits one rebuild,
+rollback or compaction at a time; `ckpt_lock` guards the checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragplane.core.errors import FailedPrecondition
+from ragplane.index import faiss_index as fx
+from ragplane.index.types import IndexParams, IndexType, Kind, Metric
+
+
+class RWLock:
+    """Writer-preferring readers-writer lock (not re-entrant)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = False
+        self._waiting = 0
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if self._readers == 0:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+@dataclass(eq=False)
+class Coll:
+    id: int
+    tenant: str
+    name: str
+    dim: int
+    metric: Metric
+    index_type: IndexType  # requested
+    embedder: str
+    params: IndexParams  # requested
+    generation: int
+    created_at: float
+    dir: Path
+    kind: IndexType = IndexType.FLAT  # what the FAISS index is
+    purpose: Kind = Kind.COLLECTION  # which namespace of the tenant the name lives in
+    lexical: bool = True  # keeps an FTS5 index of item text (index.lexical)
+    rparams: IndexParams = field(default_factory=IndexParams)  # resolved for `kind`
+    index: Any = None
+    indexed_seq: int = 0  # every committed row of this collection up to here is indexed
+    # live (not deleted, indexed) sequence numbers: 1 bit per number up to the highest
+    live: fx.LiveBits = field(default_factory=fx.LiveBits)
+    live_count: int = 0
+    seq_to_id: dict[int, str] = field(default_factory=dict)
+    rw: RWLock = field(default_factory=RWLock)
+    write_mutex: threading.Lock = field(default_factory=threading.Lock)
+    maint_lock: threading.Lock = field(default_factory=threading.Lock)
+    ckpt_lock: threading.Lock = field(default_factory=threading.Lock)
+    writes_since_ckpt: int = 0
+    dropped: bool = False
+    _live_sel: fx.BitmapSelector | None = None
+    # bumped whenever rows are added, so cached filter results know they are stale
+    version: int = 0
+    filter_cache: OrderedDict = field(default_factory=OrderedDict)
+    cache_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- called with rw held for writing --
+    def mark_live(self, seqs: np.ndarray, ids: Sequence[str]) -> None:
+        if seqs.size:
+            self.live.add(seqs)
+            self.seq_to_id.update(zip(seqs.tolist(), ids, strict=True))
+            self.live_count += int(seqs.size)
+            self._live_sel = None
+            self.version += 1
+
+    def mark_dead(self, seqs: Sequence[int]) -> None:
+        gone = [s for s in seqs if self.seq_to_id.pop(s, None) is not None]
+        if gone:
+            self.live.discard(np.asarray(gone, dtype=np.int64))
+            self.live_count -= len(gone)
+        self._live_sel = None
+
+    # -- called with rw held (either mode) --
+    def live_selector(self) -> fx.BitmapSelector:
+        sel = self._live_sel
+        if sel is None:
+            sel = self._live_sel = self.live.selector()
+        return sel
+
+
+    @contextmanager
+    def maintenance(self) -> Iterator[None]:
+        """Hold `maint_lock`, refusing (not waiting) when another maintenance job runs."""
+        if not self.maint_lock.acquire(blocking=False):
+            raise FailedPrecondition(
+                f"a rebuild, rollback or compaction of {self.name!r} is already running; wait "
+                "for it to finish"
+            )
+        try:
+            yield
+        finally:
+            self.maint_lock.release()
+
+
+def params_json(p: IndexParams) -> str:
+    return json.dumps(asdict(p), sort_keys=True)
+
+
+def params_from(s: str) -> IndexParams:
+    return IndexParams(**json.loads(s))
+
+
+def blob_matrix(blobs: Sequence[bytes], dim: int) -> np.ndarray:
+    if not blobs:
+        return np.zeros((0, dim), dtype=np.float32)
+    return np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), dim)

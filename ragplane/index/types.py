@@ -1,0 +1,150 @@
+"""Domain types of the durable store and its FAISS indexes.
+
+No protobuf here: `ragplane.server.conversions` translates between these and the API messages.
+Vectors are float32 numpy arrays of shape [dim] (one) or [n, dim] (many).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+class Metric(enum.StrEnum):
+    COSINE = "cosine"  # vectors are L2-normalised on write and on query; score = cosine
+    IP = "ip"  # score = inner product
+    L2 = "l2"  # score = -squared euclidean distance (higher is better everywhere)
+
+
+class Kind(enum.StrEnum):
+    """What a stored collection is for. Each kind has its own names per tenant."""
+
+    COLLECTION = "collection"  # a tenant's vector collection (IndexService)
+    MEMORY = "memory"  # a memory namespace of a tenant (MemoryService)
+
+
+class IndexType(enum.StrEnum):
+    FLAT = "flat"
+    HNSW = "hnsw"
+    IVF_PQ = "ivf_pq"
+
+
+class SearchMode(enum.StrEnum):
+    DENSE = "dense"  # nearest neighbours of the query vector
+    LEXICAL = "lexical"  # BM25 over item text (SQLite FTS5)
+    HYBRID = "hybrid"  # both, fused
+
+
+class FusionMethod(enum.StrEnum):
+    RRF = "rrf"  # reciprocal rank fusion: ranks only
+    WEIGHTED = "weighted"  # weighted sum of min-max normalised scores
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """How a hybrid search combines its two rankings (see `ragplane.index.fusion`).
+
+    `rrf_k` is RRF's rank constant (> 0); `dense_weight` in [0, 1] is the dense ranking's
+    share in both methods (0.5 = plain RRF, or an even weighted sum)."""
+
+    method: FusionMethod = FusionMethod.RRF
+    rrf_k: int = 60
+    dense_weight: float = 0.5
+
+
+class FilterOp(enum.StrEnum):
+    EQ = "eq"
+    NE = "ne"
+    IN = "in"
+    NIN = "nin"
+    GT = "gt"
+    GTE = "gte"
+    LT = "lt"
+    LTE = "lte"
+    EXISTS = "exists"
+
+
+@dataclass(frozen=True)
+class Condition:
+    """`field` may be dotted ("author.name"). `value` is a JSON scalar, or a list for in/nin,
+    or a bool (default True) for exists."""
+
+    field: str
+    op: FilterOp
+    value: Any = None
+
+
+@dataclass(frozen=True)
+class Filter:
+    """All `must` hold, at least one `should` holds when any is given, no `must_not` holds."""
+
+    must: tuple[Condition, ...] = ()
+    should: tuple[Condition, ...] = ()
+    must_not: tuple[Condition, ...] = ()
+
+    def is_empty(self) -> bool:
+        return not (self.must or self.should or self.must_not)
+
+
+@dataclass(frozen=True)
+class IndexParams:
+    """Zero means "the default" for every field."""
+
+    hnsw_m: int = 0
+    hnsw_ef_construction: int = 0
+    hnsw_ef_search: int = 0
+    ivf_nlist: int = 0
+    ivf_nprobe: int = 0
+    pq_m: int = 0
+
+
+@dataclass(frozen=True)
+class CollectionInfo:
+    name: str
+    tenant: str
+    dim: int
+    metric: Metric
+    index_type: IndexType
+    embedder: str  # name@version of the embedder whose vectors the collection holds
+    generation: int
+    count: int  # live items
+    tombstones: int  # deleted or replaced vectors still in the index until a rebuild
+    params: IndexParams
+    created_at: float  # unix seconds
+    lexical_index: bool = True  # keeps an FTS5 index of item text (LEXICAL / HYBRID search)
+
+
+@dataclass(frozen=True)
+class Record:
+    """An item as written or read. `vector` is float32 [dim]; may be None on reads that
+    did not ask for vectors."""
+
+    id: str
+    vector: np.ndarray | None
+    text: str = ""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """`score` orders the hits (higher is better): the dense, lexical or fused score by mode.
+    The three parts are None where the mode did not compute them."""
+
+    id: str
+    score: float  # higher is better for every metric
+    text: str = ""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    dense: float | None = None  # similarity by the collection's metric
+    lexical: float | None = None  # BM25, negated so higher is better; 0 = no query word
+    fused: float | None = None  # hybrid only
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    hits: Sequence[Hit]
+    returned_k: int
+    exhaustive: bool  # exact result: flat index, or an exact scan of the filtered items

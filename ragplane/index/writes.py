@@ -1,0 +1,90 @@
+"""Upserts and deletes: one SQLite transaction (items and their lexical index), then the FAISS
+index and the live set."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+
+from ragplane.core.errors import InvalidArgument, NotFound
+from ragplane.index import repository as repo
+from ragplane.index.checkpoints import checkpoint_or_log
+from ragplane.index.context import Context
+from ragplane.index.filters import compile_filter
+from ragplane.index.state import Coll
+from ragplane.index.types import Filter, IndexType, Record
+from ragplane.index.validate import check_ids, record_rows, record_vectors
+
+# HNSW inserts are slow (~1 ms each); adding a large batch in chunks lets searches on the
+# collection run between chunks instead of waiting for the whole batch.
+HNSW_ADD_CHUNK = 32
+
+
+def upsert(ctx: Context, tenant: str, name: str, records: Sequence[Record]) -> int:
+    """Insert or replace `records` (each with a vector) in one transaction.
+
+    Returns the number written. Replacing an id tombstones its previous vector.
+    """
+    coll = ctx.get(tenant, name)
+    rows = record_rows(records)
+    mat = record_vectors(records, coll.dim, coll.metric, coll.name)
+    with coll.write_mutex:
+        if coll.dropped:
+            raise NotFound(f"collection {name!r} was deleted")
+        if mat.shape[1] != coll.dim:  # the collection was re-embedded to another dim meanwhile
+            mat = record_vectors(records, coll.dim, coll.metric, coll.name)
+        with ctx.tx() as c:
+            old, seqs = repo.replace_items(c, coll.id, rows, mat, coll.lexical)
+        _index(coll, mat, seqs, [r[0] for r in rows], old)
+        with coll.rw.write():
+            coll.writes_since_ckpt += len(rows)
+            due = coll.writes_since_ckpt >= ctx.checkpoint_every
+    if due:
+        checkpoint_or_log(coll)
+    return len(rows)
+
+
+def _index(coll: Coll, mat: np.ndarray, seqs: np.ndarray, ids: list[str], old: list[int]) -> None:
+    """Add committed rows to FAISS and the live set. Called under write_mutex."""
+    n = len(ids)
+    chunk = HNSW_ADD_CHUNK if coll.kind == IndexType.HNSW else n
+    with coll.rw.write():
+        coll.mark_dead(old)
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        with coll.rw.write():
+            coll.index.add_with_ids(mat[lo:hi], seqs[lo:hi])
+            coll.mark_live(seqs[lo:hi], ids[lo:hi])
+            coll.indexed_seq = int(seqs[hi - 1])
+
+
+def delete(
+    ctx: Context,
+    tenant: str,
+    name: str,
+    ids: Sequence[str] | None,
+    filter: Filter | None,
+) -> int:
+    """Tombstone items by ids or by filter (exactly one). Returns how many were deleted."""
+    coll = ctx.get(tenant, name)
+    if (ids is None) == (filter is None):
+        raise InvalidArgument("pass either ids or a filter to delete")
+    if ids is not None:
+        where, args = "item_id IN (SELECT value FROM json_each(?))", [json.dumps(check_ids(ids))]
+    else:
+        if filter is not None and filter.is_empty():
+            raise InvalidArgument(
+                "an empty filter would delete everything; delete the collection instead"
+            )
+        where, args = compile_filter(filter)
+    with coll.write_mutex:
+        if coll.dropped:
+            raise NotFound(f"collection {name!r} was deleted")
+        with ctx.tx() as c:
+            gone = repo.tombstone(c, coll.id, where, args, ids is not None, coll.lexical)
+        with coll.rw.write():
+            coll.mark_dead(gone)
+            coll.writes_since_ckpt += len(gone)
+    return len(gone)

@@ -1,0 +1,225 @@
+"""`ragplane ingest`: load JSONL, CSV or Parquet files into a collection of a running
+server, embedding them here or on a Ray cluster (`ragplane.server.bulk`), with a progress bar and a
+summary. The server stores; this command is one of its clients (read and write scopes)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Annotated
+
+import grpc
+import numpy as np
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from ragplane.core.errors import InvalidArgument, RagplaneError
+from ragplane.index.types import Record
+from ragplane.server import conversions as conv
+from ragplane.server.bulk import rows
+from ragplane.server.bulk.embed import EmbedderSpec
+from ragplane.server.bulk.pipeline import BadRows, Options, Summary
+from ragplane.server.bulk.pipeline import ingest as run_ingest
+from ragplane.server.cli.common import Conn, console, err, errors
+from ragplane.v1 import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
+
+# The vectors written must be the server's own for the same text, to G1's min cosine.
+MIN_PROBE_COSINE = 0.9999
+RETRIES = 6
+SHOWN_BAD_ROWS = 20
+
+
+class GrpcWriter:
+    """Upserts over gRPC. The first batch's first row is also embedded by the server and
+    compared, so vectors of another model never land in the collection; RESOURCE_EXHAUSTED
+    and UNAVAILABLE are retried (upserts are idempotent), honouring `retry-after`."""
+
+    def __init__(self, conn: Conn, collection: str, embedder: str) -> None:
+        self.conn, self.collection, self.embedder = conn, collection, embedder
+        self.index = index_pb2_grpc.IndexServiceStub(conn.channel())
+        self.probe: str | None = None  # what the probe found, for the summary
+
+    def upsert(self, records: list[Record]) -> None:
+        if self.probe is None:
+            self.probe = self._check(records[0])
+        request = index_pb2.UpsertRequest(
+            collection=self.collection, items=[conv.record_to_item(r) for r in records]
+        )
+        for attempt in range(RETRIES):
+            try:
+                self.index.Upsert(request, timeout=self.conn.timeout, metadata=self.conn.metadata)
+                return
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise InvalidArgument(exc.details()) from None
+                retry = code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
+                if not retry or attempt == RETRIES - 1:
+                    raise
+                time.sleep(_retry_after(exc, attempt))
+
+    def _check(self, record: Record) -> str:
+        stub = embed_pb2_grpc.EmbedServiceStub(self.conn.channel())
+        reply = stub.Embed(
+            embed_pb2.EmbedRequest(texts=[record.text]),
+            timeout=self.conn.timeout, metadata=self.conn.metadata,
+        )
+        if reply.embedder != self.embedder:
+            return f"not compared: the server now embeds with {reply.embedder}"
+        theirs = np.asarray(reply.vectors[0].values, dtype=np.float32)
+        ours = np.asarray(record.vector, dtype=np.float32)
+        cos = float(ours @ theirs / (np.linalg.norm(ours) * np.linalg.norm(theirs) or 1.0))
+        if cos < MIN_PROBE_COSINE:
+            raise InvalidArgument(
+                f"the vector embedded here for id {record.id!r} differs from the server's "
+                f"(cosine {cos:.6f} < {MIN_PROBE_COSINE}): the model files differ; pass the "
+                "server's --model-dir"
+            )
+        return f"cosine {cos:.6f} to the server's own Embed"
+
+
+def _retry_after(exc: grpc.RpcError, attempt: int) -> float:
+    for key, value in exc.trailing_metadata() or ():
+        if key == "retry-after":
+            try:
+                return min(30.0, float(value))
+            except ValueError:
+                break
+    return min(30.0, 0.5 * 2**attempt)
+
+
+def _collection(conn: Conn, name: str, create: bool) -> index_pb2.CollectionInfo:
+    stub = index_pb2_grpc.IndexServiceStub(conn.channel())
+    kw = {"timeout": conn.timeout, "metadata": conn.metadata}
+    try:
+        info = stub.DescribeCollection(index_pb2.DescribeCollectionRequest(name=name), **kw)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        if not create:
+            raise InvalidArgument(
+                f"collection {name!r} does not exist on {conn.addr}; pass --create to create it "
+                "(cosine, flat, the server's embedder and its dimension)"
+            ) from None
+        info = stub.CreateCollection(index_pb2.CreateCollectionRequest(name=name), **kw)
+        console.print(f"created collection [bold]{name}[/] ({info.dim} dims, {info.embedder})")
+    if not info.embedder:
+        raise InvalidArgument(
+            f"collection {name!r} holds {info.dim}-dim vectors from callers, not from an "
+            "embedder, so there is no model to embed the text with; ingest into a collection "
+            "created with the server's embedder (dim 0)"
+        )
+    return info
+
+
+def ingest(
+    paths: Annotated[list[str], typer.Argument(help="Files or directories (.jsonl, .csv, "
+                                               ".parquet; .gz ok), local or s3:// / gs://.")],
+    collection: Annotated[str, typer.Option("--collection", "-c", help="Target collection.")],
+    addr: Annotated[str, typer.Option(envvar="RAGPLANE_ADDR", help="Server address.")] = (
+        "127.0.0.1:50051"
+    ),
+    key: Annotated[str, typer.Option(envvar="RAGPLANE_API_KEY", show_default=False,
+                                     help="API key (read and write scopes).")] = "",
+    tls_ca: Annotated[str, typer.Option(envvar="RAGPLANE_TLS_CA",
+                                        help="CA bundle to verify a TLS server.")] = "",
+    ray: Annotated[str, typer.Option(
+        envvar="RAGPLANE_RAY_ADDRESS",
+        help="off (in this process) | local (a Ray instance on this machine) | auto (the "
+        "cluster this machine belongs to) | a cluster address (host:port, ray://host:port).",
+    )] = "off",
+    batch_size: Annotated[int, typer.Option(help="Rows per embedding batch and per upsert.")] = 256,
+    create: Annotated[bool, typer.Option(help="Create the collection if it does not exist.")] = (
+        False
+    ),
+    on_bad_row: Annotated[str, typer.Option(
+        help="skip: write the good rows and report the bad ones; fail: write nothing if any "
+        "row is bad.")] = "skip",
+    fmt: Annotated[str, typer.Option("--format", help="jsonl | csv | parquet (default: from "
+                                     "each file's extension).")] = "",
+    actors: Annotated[int, typer.Option(help="Ray embedding actors (0: one per GPU, else one "
+                                        "per CPU but one per node).")] = 0,
+    model_dir: Annotated[str, typer.Option(help="The server's --model-dir, if it has one.")] = "",
+    timeout: Annotated[float, typer.Option(help="Seconds per call.")] = 60.0,
+) -> None:
+    """Embed and upsert the rows of PATHS (id, text, optional metadata) into a collection.
+
+    Keyed by id, so running it again (after a failure, or a kill) never duplicates and ends
+    with the collection a clean run gives."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    conn = Conn(addr, key, tls_ca, timeout)
+    try:
+        with errors(conn, scope="read and write"):
+            options = Options(batch_rows=batch_size, on_bad_row=on_bad_row, forced_format=fmt,
+                              ray="" if ray == "off" else ray, actors=actors)
+            try:
+                summary, writer = _run(conn, paths, collection, create, model_dir, options)
+            except KeyboardInterrupt:
+                err.print("interrupted; run the same command again to finish (rows are "
+                          "upserted by id, so nothing is duplicated)")
+                raise typer.Exit(130) from None
+    except BadRows as exc:
+        err.print(f"[bold red]refused:[/] {exc}")
+        raise typer.Exit(1) from None
+    except RagplaneError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    finally:
+        conn.close()
+    _report(summary, writer.probe)
+
+
+def _run(conn: Conn, paths: list[str], collection: str, create: bool, model_dir: str,
+         options: Options) -> tuple[Summary, GrpcWriter]:
+    files = rows.expand(paths, options.forced_format)
+    info = _collection(conn, collection, create)
+    spec = EmbedderSpec(info.embedder, model_dir=model_dir)
+    writer = GrpcWriter(conn, collection, info.embedder)
+    local = all("://" not in f for f in files)
+    total = rows.estimate_rows(files, options.forced_format) if local else None
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[rate]} rows/s"), TimeElapsedColumn(),
+               TimeRemainingColumn()]
+    with Progress(*columns, console=err, transient=False) as bar:
+        task = bar.add_task("starting", total=total, rate="-")
+        t0 = time.monotonic()
+
+        def progress(s: Summary) -> None:
+            rate = s.read / max(1e-9, time.monotonic() - t0)
+            bar.update(task, completed=s.read, rate=f"{rate:,.0f}")
+
+        def started(where: str) -> None:
+            bar.update(task, description=f"ingest -> {collection}")
+            err.print(f"embedding with {info.embedder} {where}")
+
+        summary = run_ingest(files, spec, writer, options, progress, on_start=started)
+        bar.update(task, completed=summary.read, total=summary.read)
+    return summary, writer
+
+
+def _report(s: Summary, probe: str | None) -> None:
+    t = Table(title="ingest summary", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("ran", s.where)
+    t.add_row("rows read", f"{s.read:,}")
+    t.add_row("upserted", f"{s.upserted:,}")
+    t.add_row("skipped (bad rows)", f"{len(s.bad):,}")
+    t.add_row("time", f"{s.seconds:,.1f} s")
+    t.add_row("rate", f"{s.rows_per_second:,.1f} rows/s")
+    if probe:
+        t.add_row("vectors", probe)
+    console.print(t)
+    for b in s.bad[:SHOWN_BAD_ROWS]:
+        console.print(f"[yellow]skipped[/] {b}")
+    if len(s.bad) > SHOWN_BAD_ROWS:
+        console.print(f"[yellow]... and {len(s.bad) - SHOWN_BAD_ROWS} more bad rows[/]")

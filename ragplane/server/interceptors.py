@@ -1,0 +1,231 @@
+"""The one table from domain errors to gRPC status codes, and the interceptor that applies it.
+
+Every servicer method runs inside `_guard`: a RagplaneError becomes its status with its
+message; anything else is a bug, logged with its traceback and returned as INTERNAL
+with a request id to quote. RESOURCE_EXHAUSTED carries a `retry-after` trailer
+(seconds) and `grpc-retry-pushback-ms`, which gRPC clients with retry policies honour;
+so does a call refused past the cap on concurrent calls (`ragplane.server.admission`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from ragplane.core import errors
+from ragplane.server.admission import Admission
+
+log = logging.getLogger(__name__)
+
+STATUS_OF: dict[type[errors.RagplaneError], grpc.StatusCode] = {
+    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.StorageFull: grpc.StatusCode.RESOURCE_EXHAUSTED,  # with retry-after: space may return
+    errors.StorageReadOnly: grpc.StatusCode.FAILED_PRECONDITION,  # an operator must act first
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.Corrupt: grpc.StatusCode.DATA_LOSS,
+}
+
+#: The id of the call being served, for logs (set by the interceptor).
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+
+def status_of(exc: BaseException) -> grpc.StatusCode | None:
+    for cls in type(exc).__mro__:
+        code = STATUS_OF.get(cls)  # type: ignore[call-overload]
+        if code is not None:
+            return code
+    return None
+
+
+def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
+    code = status_of(exc)
+    if isinstance(exc, TimeoutError) and not context.is_active():
+        code, message = grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed"
+    elif code is None:
+        rid = request_id.get()
+        log.exception("bug in %s (request %s)", method, rid)
+        code, message = (
+            grpc.StatusCode.INTERNAL,
+            f"internal error (request id {rid}); this is a bug",
+        )
+    else:
+        message = str(exc)
+    if isinstance(exc, errors.ResourceExhausted):
+        # set_trailing_metadata replaces the whole set: the request id that `start` put
+        # there goes in again, or the caller of a refused call would have none to quote.
+        context.set_trailing_metadata(
+            (
+                ("x-request-id", request_id.get()),
+                ("retry-after", f"{exc.retry_after:.3f}"),
+                ("grpc-retry-pushback-ms", str(int(exc.retry_after * 1000))),
+            )
+        )
+    context.abort(code, message)
+
+
+Hook = Callable[[str, grpc.ServicerContext], Any]
+
+
+class ServerInterceptor(grpc.ServerInterceptor):
+    """Request ids, authentication (`before` hook), error mapping and metrics (`after`)."""
+
+    def __init__(
+        self,
+        before: Hook | None = None,
+        after: Callable[[str, str, float], None] | None = None,
+        admission: Admission | None = None,
+    ) -> None:
+        self._before = before
+        self._after = after
+        self._admission = admission
+
+    def intercept_service(self, continuation, handler_call_details):  # type: ignore[override]
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        if method.startswith(("/grpc.health.", "/grpc.reflection.")):
+            return handler
+        before, after = self._before, self._after
+        admission = self._admission
+        refused = admission is not None and not admission.admit()
+        if refused:
+            handler = _refusing(handler, admission.message())
+
+        def start(context: grpc.ServicerContext) -> float:
+            rid = dict(context.invocation_metadata()).get("x-request-id") or uuid.uuid4().hex[:16]
+            request_id.set(rid)
+            context.set_trailing_metadata((("x-request-id", rid),))
+            if before is not None:
+                before(method, context)
+            return time.perf_counter()
+
+        def finish(t0: float, code: str) -> None:
+            seconds = time.perf_counter() - t0
+            log.debug("%s %s %.2fms", method, code, seconds * 1e3)  # the access log
+            if after is not None:
+                after(method, code, seconds)
+
+        def wrap_unary(behavior):
+            def wrapped(request_or_iterator, context):
+                t0 = time.perf_counter()
+                code = "OK"
+                try:
+                    t0 = start(context)
+                    return behavior(_checked(request_or_iterator), context)
+                except Exception as exc:
+                    code = (status_of(exc) or grpc.StatusCode.INTERNAL).name
+                    if _is_abort(exc):
+                        raise
+                    _abort(context, exc, method)
+                finally:
+                    finish(t0, code)
+
+            return wrapped
+
+        def wrap_stream(behavior):
+            def wrapped(request_or_iterator, context) -> Iterator[Any]:
+                t0 = time.perf_counter()
+                code = "OK"
+                try:
+                    t0 = start(context)
+                    yield from behavior(_checked(request_or_iterator), context)
+                except Exception as exc:
+                    code = (status_of(exc) or grpc.StatusCode.INTERNAL).name
+                    if _is_abort(exc):
+                        raise
+                    _abort(context, exc, method)
+                finally:
+                    finish(t0, code)
+
+            return wrapped
+
+        if handler.request_deserializer is not None:
+            handler = handler._replace(
+                request_deserializer=_safe_deserializer(handler.request_deserializer)
+            )
+        wrapped = _wrap_behavior(handler, wrap_unary, wrap_stream)
+        if refused:
+            behavior = _behavior(wrapped)
+            # gRPC runs a behavior with this attribute on that pool instead of its own
+            behavior.experimental_thread_pool = admission.refusals  # type: ignore[union-attr]
+        return wrapped
+
+
+def _behavior(handler: grpc.RpcMethodHandler) -> Any:
+    return (
+        handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+    )
+
+
+def _wrap_behavior(handler: Any, wrap_unary: Callable, wrap_stream: Callable) -> Any:
+    if handler.unary_unary:
+        return handler._replace(unary_unary=wrap_unary(handler.unary_unary))
+    if handler.unary_stream:
+        return handler._replace(unary_stream=wrap_stream(handler.unary_stream))
+    if handler.stream_unary:
+        return handler._replace(stream_unary=wrap_unary(handler.stream_unary))
+    if handler.stream_stream:
+        return handler._replace(stream_stream=wrap_stream(handler.stream_stream))
+    return handler
+
+
+def _refusing(handler: Any, message: str) -> Any:
+    """`handler` with its behavior replaced by a refusal (ResourceExhausted): past the cap
+    on concurrent calls."""
+
+    def refuse(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
+        raise errors.ResourceExhausted(message)
+
+    field = next(
+        f
+        for f in ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+        if getattr(handler, f)
+    )
+    return handler._replace(**{field: refuse})
+
+
+class _Undecodable:
+    """What a request that failed to parse (bad wire bytes, invalid UTF-8) turns into, so
+    the servicer wrapper can answer INVALID_ARGUMENT instead of gRPC's INTERNAL."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _safe_deserializer(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def safe(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # protobuf's DecodeError, UnicodeDecodeError, ...
+            return _Undecodable(str(exc) or type(exc).__name__)
+
+    return safe
+
+
+def _checked(request_or_iterator: Any) -> Any:
+    if isinstance(request_or_iterator, _Undecodable):
+        raise errors.InvalidArgument(
+            f"the request could not be parsed ({request_or_iterator.reason}); string fields "
+            "must be valid UTF-8"
+        )
+    if hasattr(request_or_iterator, "__next__"):
+        return (_checked(r) for r in request_or_iterator)
+    return request_or_iterator
+
+
+def _is_abort(exc: BaseException) -> bool:
+    # context.abort() raises a bare, argument-less Exception once the status is set.
+    return type(exc) is Exception and not exc.args

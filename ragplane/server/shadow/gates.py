@@ -1,0 +1,340 @@
+"""The gates G1-G3, judged per traffic class, and the watch after a flip.
+
+  * G1 agreement: enough compared vectors and probes; no shadow error at all; the worst
+    vector of every class >= min_cosine; the mean of every carried class >= mean_cosine;
+    overlap@10 >= min_overlap.
+  * G2 performance: in every carried class, enough timed batches (A/B/A and B/A/B in
+    turn), the canonical's A/A floor within max_aa_ratio of the shadow's B/B floor, and the
+    upper 95% bound of server.shadow.timing's estimate <= max_time_ratio.
+  * G3 stability: at least min_releases distinct shadow releases passed G1 and G2 with no
+    errors, each measured against the canonical and on the hardware class of the decision
+    at hand, over at least min_release_hours of shadow time and min_release_batches
+    sampled batches. The release history (server.shadow.releases) supplies them; the live
+    release counts when it meets the same bar now.
+
+A carried class is one with at least min_class_share of the release's sampled batches: a
+flip needs every class that real traffic uses to hold, whatever the current mix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+from ragplane.server.shadow.classes import LIMITS
+from ragplane.server.shadow.config import Gates
+from ragplane.server.shadow.evidence import ClassRow, StoredRelease
+from ragplane.server.shadow.timing import estimate
+from ragplane.server.shadow.types import ClassEvidence, GateResult, ReleaseEvidence
+
+
+def _p1(low: list[float], n: int) -> float:
+    return low[min(len(low), max(1, math.ceil(0.01 * n))) - 1] if low else 0.0
+
+
+def _class(name: str, row: ClassRow, total: int, g: Gates) -> ClassEvidence:
+    t = estimate(row.timings)
+    offered = row.batches + row.dropped
+    c = ClassEvidence(
+        name=name,
+        batches=offered,
+        share=offered / total if total else 0.0,
+        samples=row.samples,
+        cosine_min=row.cos_min if row.samples else 0.0,
+        cosine_mean=row.cos_sum / row.samples if row.samples else 0.0,
+        time_ratio=t.ratio,
+        time_ratio_upper=t.upper,
+        aa_time_ratio=t.aa,
+        bb_time_ratio=t.bb,
+        timed_batches=t.batches,
+        errors=row.errors,
+        dropped=row.dropped,
+    )
+    return judge_class(c, g)
+
+
+def judge_class(c: ClassEvidence, g: Gates) -> ClassEvidence:
+    """`c` with carried / passed_g1 / passed_g2 judged under `g`."""
+    return replace(c, carried=carried(c, g), passed_g1=class_g1(c, g), passed_g2=class_g2(c, g))
+
+
+def carried(c: ClassEvidence, g: Gates) -> bool:
+    return c.batches > 0 and c.share >= g.min_class_share
+
+
+def floors_agree(aa: float, bb: float, g: Gates) -> bool:
+    """Both orders were timed and the shadow slows the canonical after it no more than
+    max_aa_ratio beyond what the canonical does to the shadow (server.shadow.timing: the
+    other way round only makes the estimate conservative)."""
+    return aa > 0 and bb > 0 and math.log(aa / bb) <= math.log(g.max_aa_ratio) + 1e-12
+
+
+def class_g1(c: ClassEvidence, g: Gates) -> bool:
+    return (
+        c.errors == 0
+        and c.samples > 0
+        and c.cosine_min >= g.min_cosine
+        and c.cosine_mean >= g.mean_cosine
+    )
+
+
+def class_g2(c: ClassEvidence, g: Gates) -> bool:
+    return (
+        c.timed_batches >= g.min_timed_batches
+        and floors_agree(c.aa_time_ratio, c.bb_time_ratio, g)
+        and c.time_ratio_upper <= g.max_time_ratio
+    )
+
+
+def release_evidence(s: StoredRelease, g: Gates) -> ReleaseEvidence:
+    """The evidence of one stored release: pooled numbers at the top, each class judged."""
+    rows = s.classes.values()
+    total = sum(r.batches + r.dropped for r in rows)
+    classes = tuple(_class(name, row, total, g) for name, row in s.classes.items())
+    n = sum(r.samples for r in rows)
+    low = sorted(v for r in rows for v in r.low)
+    pooled = estimate([t for r in rows for t in r.timings])
+    compared = [r for r in rows if r.samples]
+    errs = [r for r in rows if r.errors]
+    ev = ReleaseEvidence(
+        shadow=s.key.release,
+        samples=n,
+        cosine_min=min((r.cos_min for r in compared), default=0.0),
+        cosine_p1=_p1(low, n),
+        cosine_mean=sum(r.cos_sum for r in rows) / n if n else 0.0,
+        overlap_at_10=s.overlap,
+        probes=s.probes,
+        time_ratio=pooled.ratio,
+        time_ratio_upper=pooled.upper,
+        aa_time_ratio=pooled.aa,
+        bb_time_ratio=pooled.bb,
+        timed_batches=pooled.batches,
+        errors=sum(r.errors for r in rows),
+        dropped=sum(r.dropped for r in rows),
+        canonical=s.key.canonical,
+        hardware=s.key.hardware,
+        phase=s.key.phase,
+        seconds=max(r.updated_at for r in rows) - min(r.first_at for r in rows) if rows else 0.0,
+        batches=total,
+        last_error=max(errs, key=lambda r: r.updated_at).last_error if errs else "",
+        classes=classes,
+    )
+    return judge(ev, g)
+
+
+def judge(ev: ReleaseEvidence, g: Gates) -> ReleaseEvidence:
+    """`ev` with every class and G1 / G2 judged again under `g` (recorded evidence is
+    judged against today's gates)."""
+    ev = replace(ev, classes=tuple(judge_class(c, g) for c in ev.classes))
+    return replace(ev, passed_g1=passes_g1(ev, g), passed_g2=passes_g2(ev, g))
+
+
+def _carried(ev: ReleaseEvidence, g: Gates) -> list[ClassEvidence]:
+    return [c for c in ev.classes if carried(c, g)]
+
+
+def passes_g1(ev: ReleaseEvidence, g: Gates) -> bool:
+    """G1 agreement: no error anywhere; every class's worst vector and every carried
+    class's mean in bounds; enough vectors and probes; overlap@10 in bounds."""
+    judged = _carried(ev, g)
+    return (
+        bool(judged)
+        and ev.errors == 0
+        and ev.samples >= g.min_samples
+        and ev.cosine_min >= g.min_cosine
+        and all(c.cosine_min >= g.min_cosine for c in ev.classes if c.samples)
+        and all(class_g1(c, g) for c in judged)
+        and ev.probes >= g.min_probes
+        and ev.overlap_at_10 >= g.min_overlap
+    )
+
+
+def passes_g2(ev: ReleaseEvidence, g: Gates) -> bool:
+    """G2 performance: every carried class timed enough, its A/A floor in bounds and its
+    upper bound at most max_time_ratio."""
+    judged = _carried(ev, g)
+    return bool(judged) and all(class_g2(c, g) for c in judged)
+
+
+def stable(ev: ReleaseEvidence, g: Gates) -> bool:
+    """A release that passed G1 and G2 with no shadow error."""
+    return passes_g1(ev, g) and passes_g2(ev, g) and ev.errors == 0
+
+
+def g3_shortfall(ev: ReleaseEvidence, g: Gates, canonical: str, hardware: str) -> str:
+    """Why G3 does not count `ev` for a decision about `canonical` on `hardware` ("" when
+    it counts)."""
+    if ev.canonical != canonical:
+        return f"measured against {ev.canonical or 'an unnamed canonical'}, not {canonical}"
+    if ev.hardware != hardware:
+        return f"measured on {ev.hardware or 'an unnamed hardware class'}, not {hardware}"
+    if ev.seconds < g.min_release_hours * 3600:
+        return f"{ev.seconds / 3600:.1f} h of shadow time < {g.min_release_hours:g} h"
+    if ev.batches < g.min_release_batches:
+        return f"{ev.batches} sampled batches < {g.min_release_batches}"
+    if not stable(ev, g):
+        return "fails G1, G2 or had errors under today's gates"
+    return ""
+
+
+def _class_line(c: ClassEvidence, g: Gates, *, timing: bool) -> str:
+    head = f"{c.name} ({LIMITS.get(c.name, '')}, {c.share:.0%} of batches)"
+    if not c.carried:
+        return f"{head}: not judged (under {g.min_class_share:.0%})"
+    if timing:
+        return (
+            f"{head}: ratio={c.time_ratio:.3f} upper95={c.time_ratio_upper:.3f} "
+            f"A/A={c.aa_time_ratio:.3f} B/B={c.bb_time_ratio:.3f} over {c.timed_batches} batches"
+        )
+    return f"{head}: n={c.samples} min={c.cosine_min:.6f} mean={c.cosine_mean:.7f}"
+
+
+def _g1_missing(cur: ReleaseEvidence, g: Gates) -> list[str]:
+    miss = []
+    if cur.errors:
+        miss.append(f"no shadow errors ({cur.errors}; last: {cur.last_error})")
+    if cur.samples < g.min_samples:
+        miss.append(f"{g.min_samples - cur.samples} more compared vectors")
+    for c in cur.classes:
+        if c.samples and c.cosine_min < g.min_cosine:
+            miss.append(f"{c.name}: min cosine >= {g.min_cosine}")
+        elif c.carried and c.samples and c.cosine_mean < g.mean_cosine:
+            miss.append(f"{c.name}: mean cosine >= {g.mean_cosine}")
+    if not _carried(cur, g):
+        miss.append("sampled traffic")
+    if cur.probes < g.min_probes:
+        miss.append(f"{g.min_probes - cur.probes} more probe queries")
+    elif cur.overlap_at_10 < g.min_overlap:
+        miss.append(f"overlap@10 >= {g.min_overlap}")
+    return miss
+
+
+def _g2_missing(cur: ReleaseEvidence, g: Gates) -> list[str]:
+    miss = []
+    for c in _carried(cur, g):
+        if c.timed_batches < g.min_timed_batches:
+            miss.append(f"{c.name}: {g.min_timed_batches - c.timed_batches} more timed batches")
+        elif not floors_agree(c.aa_time_ratio, c.bb_time_ratio, g):
+            miss.append(
+                f"{c.name}: the canonical's A/A floor {c.aa_time_ratio:.3f} exceeds the "
+                f"shadow's B/B {c.bb_time_ratio:.3f} by more than {g.max_aa_ratio:g}x (the "
+                "shadow slows the canonical after it), so these timings prove nothing"
+            )
+        elif c.time_ratio_upper > g.max_time_ratio:
+            miss.append(
+                f"{c.name}: upper bound {c.time_ratio_upper:.3f} <= {g.max_time_ratio} (the "
+                f"shadow must get {c.time_ratio_upper / g.max_time_ratio:.2f}x faster)"
+            )
+    if not _carried(cur, g):
+        miss.append("sampled traffic")
+    return miss
+
+
+def agreement_gate(cur: ReleaseEvidence, g: Gates) -> GateResult:
+    return GateResult(
+        "G1 agreement",
+        cur.passed_g1,
+        f"n={cur.samples} min={cur.cosine_min:.6f} p1={cur.cosine_p1:.6f} "
+        f"mean={cur.cosine_mean:.7f} overlap@10={cur.overlap_at_10:.3f} ({cur.probes} probes)"
+        f", errors={cur.errors}; "
+        + "; ".join(_class_line(c, g, timing=False) for c in cur.classes),
+        "; ".join(_g1_missing(cur, g)),
+    )
+
+
+def performance_gate(cur: ReleaseEvidence, g: Gates) -> GateResult:
+    return GateResult(
+        "G2 performance",
+        cur.passed_g2,
+        f"ratio={cur.time_ratio:.3f} upper95={cur.time_ratio_upper:.3f} "
+        f"A/A={cur.aa_time_ratio:.3f} B/B={cur.bb_time_ratio:.3f} over {cur.timed_batches} "
+        "batches (pooled); " + "; ".join(_class_line(c, g, timing=True) for c in cur.classes),
+        "; ".join(_g2_missing(cur, g)),
+    )
+
+
+def stability_gate(
+    cur: ReleaseEvidence, g: Gates, recorded: Sequence[ReleaseEvidence], hardware: str
+) -> GateResult:
+    canonical = cur.canonical
+    counted: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    for r in recorded:
+        why = g3_shortfall(judge(r, g), g, canonical, hardware)
+        if why:
+            refused.setdefault(r.shadow, why)
+        else:
+            counted[r.shadow] = "recorded"
+    live_why = g3_shortfall(cur, g, canonical, hardware)
+    if not live_why:
+        counted.setdefault(cur.shadow, "live")
+    ok = len(counted) >= g.min_releases
+    value = (
+        f"{len(counted)} of {g.min_releases} releases passed G1+G2 with no errors against "
+        f"{canonical} on {hardware}"
+        + (f" ({', '.join(f'{k} {v}' for k, v in counted.items())})" if counted else "")
+        + f"; {len(recorded)} recorded in the release history"
+    )
+    not_counted = {k: v for k, v in refused.items() if k not in counted}
+    if not_counted:
+        value += "; not counted: " + "; ".join(f"{k}: {v}" for k, v in not_counted.items())
+    if live_why and cur.shadow not in counted:
+        value += f"; live {cur.shadow}: {live_why}"
+    missing = (
+        ""
+        if ok
+        else f"{g.min_releases - len(counted)} more release(s) that pass, each over "
+        f"{g.min_release_hours:g} h and {g.min_release_batches} batches, recorded by the "
+        "server that measured them (`ragplane shadow record-release`)"
+    )
+    return GateResult("G3 stability", ok, value, missing)
+
+
+def evaluate_gates(
+    cur: ReleaseEvidence,
+    g: Gates,
+    recorded: Sequence[ReleaseEvidence] = (),
+    hardware: str = "",
+) -> tuple[tuple[GateResult, ...], bool]:
+    """G1 and G2 on the current shadow release's live evidence `cur`; G3 over the
+    `recorded` releases (the committed history) judged against today's gates, plus `cur`.
+    Returns the gates and whether the case is flip-eligible (all three pass)."""
+    gates = (
+        agreement_gate(cur, g),
+        performance_gate(cur, g),
+        stability_gate(cur, g, recorded, hardware or cur.hardware),
+    )
+    return gates, all(x.passed for x in gates)
+
+
+def watch_verdict(ev: ReleaseEvidence, g: Gates) -> tuple[tuple[GateResult, ...], str]:
+    """After a flip: the same G1 and G2 on the evidence since the flip. Returns the gates
+    and why the case must unflip ("" while it holds). An error, a vector under
+    min_cosine, a carried class's mean under mean_cosine once min_samples were compared,
+    or a carried class whose G2 fails once it was timed min_timed_batches times (with a
+    valid A/A floor) unflips; too little evidence does not."""
+    g1, g2 = [], []
+    if ev.errors:
+        g1.append(f"{ev.errors} shadow error(s) (last: {ev.last_error})")
+    for c in ev.classes:
+        if c.samples and c.cosine_min < g.min_cosine:
+            g1.append(f"{c.name}: a vector at cosine {c.cosine_min:.6f} < {g.min_cosine}")
+        elif c.carried and ev.samples >= g.min_samples and c.cosine_mean < g.mean_cosine:
+            g1.append(f"{c.name}: mean cosine {c.cosine_mean:.7f} < {g.mean_cosine}")
+        if (
+            c.carried
+            and c.timed_batches >= g.min_timed_batches
+            and floors_agree(c.aa_time_ratio, c.bb_time_ratio, g)
+            and math.isfinite(c.time_ratio_upper)  # infinite: too few blocks to bound yet
+            and c.time_ratio_upper > g.max_time_ratio
+        ):
+            g2.append(
+                f"{c.name}: time ratio upper bound {c.time_ratio_upper:.3f} > "
+                f"{g.max_time_ratio} over {c.timed_batches} batches"
+            )
+    gates = (
+        GateResult("watch G1", not g1, agreement_gate(ev, g).value, "; ".join(g1)),
+        GateResult("watch G2", not g2, performance_gate(ev, g).value, "; ".join(g2)),
+    )
+    return gates, "; ".join(g1 + g2)

@@ -1,0 +1,500 @@
+"""The shadow manager: one experiment per declared case-of-use, the evidence it gathers,
+the gates, and the flip.
+
+It is the EmbeddingService's ShadowHook: `serving()` says which embedder answers a case,
+`observe()` offers each answered batch to the case's experiment (sampled, queued, never
+waited on). The experiment's worker embeds the same texts with the other embedder of the
+pair; a share of samples is also timed on the same texts — canonical, shadow, canonical
+and shadow, canonical, shadow in turn — so throughput is compared on identical batches,
+unbiased by the order of the runs, with each side's A/A noise floor.
+
+Every sampled batch ends as evidence: compared, failed (an error the gates see) or dropped
+(counted). Evidence is kept per traffic class and per phase: before a flip the gates
+decide whether the case may flip; after one, the same gates on the evidence since the flip
+(the watch) unflip it by themselves when the serving shadow stops holding them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ragplane.core.errors import FailedPrecondition, InvalidArgument
+from ragplane.server.embedding.base import Embedder, l2_normalize
+from ragplane.server.shadow.classes import classify
+from ragplane.server.shadow.config import PairConfig
+from ragplane.server.shadow.evidence import EvidenceKey, EvidenceStore
+from ragplane.server.shadow.experiment import Experiment, Observation, Result
+from ragplane.server.shadow.gates import evaluate_gates, release_evidence, watch_verdict
+from ragplane.server.shadow.hardware import hardware_class
+from ragplane.server.shadow.releases import (
+    ReleaseHistory,
+    ReleaseRecord,
+    failing_reasons,
+    record_from,
+)
+from ragplane.server.shadow.types import CaseStatus, ReleaseEvidence
+
+log = logging.getLogger(__name__)
+OVERLAP_EVERY = 10  # published samples between overlap@10 measurements
+COMPATIBLE_TTL_S = 1.0  # longest compatible() trusts a G1 it read, without new evidence
+
+
+class ShadowOutputError(ValueError):
+    """The shadow answered, but with vectors that cannot be compared to the canonical's:
+    NaN or infinite values, another dimension, or another number of vectors."""
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """What the experiment carries for one sampled batch: the texts and their class."""
+
+    texts: list[str]
+    cls: str
+
+
+@dataclass
+class _Case:
+    cfg: PairConfig
+    canonical: Embedder
+    shadow: Embedder
+    serving: str
+    hardware: str = ""
+    # the flip now in force was forced by an admin: the watch reports, but does not undo,
+    # what an admin chose against the gates
+    forced: bool = False
+    # timed batches so far per traffic class: the order of the runs alternates in each
+    timed: dict[str, int] = field(default_factory=dict)
+    experiment: Experiment | None = None
+    probes: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    published: int = 0
+    # G1 as (checked at, passed), so compatible() -- run on every text search of a
+    # collection whose embedder differs from the serving one -- reads the evidence store
+    # at most once per COMPATIBLE_TTL_S; new evidence clears it
+    g1: tuple[float, bool] | None = None
+
+
+class ShadowManager:
+    def __init__(
+        self,
+        pairs: dict[str, PairConfig],
+        canonical: Embedder,
+        shadows: dict[str, Embedder],
+        store: EvidenceStore,
+        *,
+        queue_size: int = 64,
+        seed: int | None = None,
+        on_flip=None,  # callable(case, serving identity), e.g. to register an embedder
+        busy=lambda: False,  # True while requests wait: the shadow then takes no samples
+        history: ReleaseHistory | None = None,  # recorded releases, for G3
+        unavailable: dict[str, str] | None = None,  # declared case -> why its shadow is off
+    ) -> None:
+        self.store = store
+        self.history = history or ReleaseHistory(None)
+        self._canonical = canonical
+        # declared pairs whose shadow cannot run: status says why, instead of nothing
+        self.unavailable = {
+            name: (pairs[name], why) for name, why in (unavailable or {}).items() if name in pairs
+        }
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._on_flip = on_flip
+        self.cases: dict[str, _Case] = {}
+        # One thread for A/B/A timings, started here at the priority of the thread that
+        # builds the manager: a thread inherits its creator's nice value on Linux, so one
+        # started lazily by a niced worker would be niced too.
+        self._timing = ThreadPoolExecutor(1, thread_name_prefix="shadow-timing")
+        self._timing.submit(lambda: None).result()
+        for name, cfg in pairs.items():
+            shadow = shadows.get(name)
+            if shadow is None:
+                continue
+            persisted = store.serving(name)
+            declared = shadow.identity if cfg.status == "flipped" else canonical.identity
+            serving = persisted if persisted in (canonical.identity, shadow.identity) else declared
+            case = _Case(cfg, canonical, shadow, serving, hardware_class(canonical, shadow))
+            past = store.history(name)
+            case.forced = bool(past) and past[-1].action == "flip" and past[-1].forced
+            if cfg.status != "experimental":
+                case.experiment = Experiment(
+                    name,
+                    candidate=lambda batch, control, c=case: self._candidate(c, batch, control),
+                    compare=functools.partial(self._compare, min_cosine=cfg.gates.min_cosine),
+                    publisher=_Publisher(self, case),
+                    sample_rate=cfg.sample_rate,
+                    run_if=lambda _batch: not busy(),
+                    queue_size=queue_size,
+                    rng=random.Random(self._rng.random()),
+                    nice=19,
+                )
+            self.cases[name] = case
+
+    # -- ShadowHook ----------------------------------------------------------------------
+
+    def serving(self, use_case: str) -> str | None:
+        case = self.cases.get(use_case)
+        return case.serving if case else None
+
+    def observe(
+        self,
+        use_case: str,
+        texts: Sequence[str],
+        vectors: np.ndarray,
+        seconds: float,
+        embedder: str,
+        tokens: Sequence[int] = (),
+    ) -> None:
+        """`tokens`: each text's token count, which puts the batch in its traffic class
+        (counted with the canonical's tokenizer when not given)."""
+        case = self.cases.get(use_case)
+        if case is None or case.experiment is None:
+            return
+        cls = classify(tokens) if len(tokens) else None
+        batch = _Batch(list(texts), cls or "")
+        case.experiment.offer(batch, Observation(embedder, vectors, None, seconds))
+
+    def _key(self, case: _Case) -> EvidenceKey:
+        """Where a sample taken now is recorded: the watch while the shadow serves."""
+        phase = "watch" if case.serving == case.shadow.identity else "shadow"
+        return EvidenceKey(
+            case.cfg.use_case, case.shadow.identity, case.canonical.identity, case.hardware, phase
+        )
+
+    def _class_of(self, case: _Case, batch: _Batch) -> str:
+        return batch.cls or classify(case.canonical.count_tokens(batch.texts))
+
+    # -- the experiment ------------------------------------------------------------------
+
+    def _candidate(self, case: _Case, batch: _Batch, control: Observation):
+        texts = batch.texts
+        other = case.shadow if control.name == case.canonical.identity else case.canonical
+        extra: dict = {}
+        if self._rng.random() < case.cfg.timing_rate:
+            # On the timing thread, not this niced worker: ONNX Runtime does part of its
+            # work on the calling thread, embedder_rs all of it on its own pool, so timing
+            # both from a nice-19 thread charged the canonical alone for the low priority
+            # (measured on 2 cores: A/B/A ratio 0.09 niced vs 0.37 at normal priority).
+            cls = self._class_of(case, batch)
+            shadow_first = case.timed.get(cls, 0) % 2 == 1
+            case.timed[cls] = case.timed.get(cls, 0) + 1
+            shadow_vecs, canon_vecs, timing = self._timing.submit(
+                self._aba, case, texts, shadow_first
+            ).result()
+            extra["timing"] = timing
+            value = shadow_vecs if other is case.shadow else canon_vecs
+            # the middle run is the one embedder, the outer two the other
+            middle_is_shadow = not timing[3]
+            duration = timing[1] if (other is case.shadow) == middle_is_shadow else timing[2]
+        else:
+            t0 = time.perf_counter()
+            value = other.embed(texts, normalize=False)
+            duration = time.perf_counter() - t0
+        return Observation(other.identity, value, None, duration), extra
+
+    @staticmethod
+    def _aba(case: _Case, texts: list[str], shadow_first: bool):
+        """Three embeds of the same texts, canonical-shadow-canonical or, `shadow_first`,
+        shadow-canonical-shadow, each after the case's pause (server.shadow.timing: why
+        both orders). Returns both sides' vectors and (t1, t2, t3, shadow_first)."""
+        pause = case.cfg.timing_pause_ms / 1000
+        a, b = (case.shadow, case.canonical) if shadow_first else (case.canonical, case.shadow)
+        times, out = [], {}
+        for e in (a, b, a):
+            if pause:
+                time.sleep(pause)
+            t0 = time.perf_counter()
+            out[e.identity] = e.embed(texts, normalize=False)
+            times.append(time.perf_counter() - t0)
+        timing = (times[0], times[1], times[2], shadow_first)
+        return out[case.shadow.identity], out[case.canonical.identity], timing
+
+    @staticmethod
+    def _compare(control: np.ndarray, candidate: np.ndarray, *, min_cosine: float):
+        """Per-row cosine, and whether the batch holds the case's G1 floor. Raises
+        ShadowOutputError when the two cannot be compared row by row; the experiment
+        records that as the candidate's error."""
+        a, b = np.asarray(control), np.asarray(candidate)
+        if b.ndim != 2 or b.shape[0] != a.shape[0] or b.shape[1:] != a.shape[1:]:
+            raise ShadowOutputError(
+                f"shape {b.shape} where {a.shape} was expected "
+                f"({a.shape[0]} vectors of dim {a.shape[1] if a.ndim == 2 else '?'})"
+            )
+        bad = ~np.isfinite(b).all(axis=1) | ~np.isfinite(a).all(axis=1)
+        if bad.any():
+            raise ShadowOutputError(
+                f"NaN or infinite values in {int(bad.sum())} of {len(b)} vectors"
+            )
+        a, b = l2_normalize(a), l2_normalize(b)
+        cos = np.clip(np.sum(a * b, axis=1, dtype=np.float64), -1.0, 1.0)
+        return cos, bool(cos.min() >= min_cosine)
+
+    def _publish(self, case: _Case, result: Result) -> None:
+        case.g1 = None
+        key, batch = self._key(case), result.inputs
+        cls = self._class_of(case, batch)
+        cand = result.candidates[0]
+        if cand.error is not None:
+            what = f"{type(cand.error).__name__}: {cand.error}"
+            log.warning("shadow %s failed on %d texts: %s", cand.name, len(batch.texts), what)
+            self.store.record_error(key, cls, what)
+            self._decide(case)
+            return
+        self.store.record_agreement(key, cls, result.comparison.tolist())
+        if "timing" in result.extra:
+            self.store.record_timing(key, cls, *result.extra["timing"])
+        canon, shadow = (
+            (result.control.value, cand.value)
+            if result.control.name == case.canonical.identity
+            else (cand.value, result.control.value)
+        )
+        self._add_probes(case, batch.texts, canon, shadow)
+        case.published += 1
+        if case.published % OVERLAP_EVERY == 0:
+            self.measure_overlap(case.cfg.use_case)
+        self._decide(case)
+
+    def _decide(self, case: _Case) -> None:
+        """After each sample: the watch unflips a flipped case whose evidence since the
+        flip fails a gate; `auto` flips an eligible one."""
+        if case.serving == case.shadow.identity:
+            if case.forced:
+                return
+            _, why = watch_verdict(self._watch_evidence(case), case.cfg.gates)
+            if why:
+                self._set_serving(case, case.canonical.identity, "unflip", False, f"watch: {why}")
+            return
+        if case.cfg.policy == "auto":
+            st = self._status(case)
+            if st.flip_eligible and not self._unflipped(st):
+                self._start_watch(case)
+                self._set_serving(
+                    case, case.shadow.identity, "flip", False, "automatic: every gate holds"
+                )
+
+    @staticmethod
+    def _unflipped(st: CaseStatus) -> bool:
+        """An admin unflipped this very shadow release: `auto` must not flip it straight
+        back on the next sample. A new release, or an admin flip, starts over."""
+        h = st.history
+        return (
+            bool(h)
+            and h[-1].action == "unflip"
+            and any(e.action == "flip" and e.serving == st.shadow for e in h)
+        )
+
+    def _add_probes(self, case: _Case, texts, canon: np.ndarray, shadow: np.ndarray) -> None:
+        cap = case.cfg.probe_corpus
+        with self._lock:
+            for t, c, s in zip(texts, l2_normalize(canon), l2_normalize(shadow), strict=True):
+                if t in case.probes or not t.strip():
+                    continue
+                if len(case.probes) >= cap:  # reservoir: replace a random one
+                    victim = self._rng.choice(list(case.probes))
+                    del case.probes[victim]
+                case.probes[t] = (c, s)
+
+    def measure_overlap(self, use_case: str) -> float:
+        """overlap@10: each probe query searched over the probe corpus with each embedder's
+        own vectors (exact search, the query itself left out)."""
+        case = self.cases[use_case]
+        with self._lock:
+            items = list(case.probes.values())
+        if len(items) < 12:
+            return 0.0
+        canon = np.stack([c for c, _ in items])
+        shadow = np.stack([s for _, s in items])
+        nq = min(case.cfg.probe_queries, len(items))
+        total = 0.0
+        for i in range(nq):
+            sc, ss = canon @ canon[i], shadow @ shadow[i]
+            sc[i] = ss[i] = -np.inf
+            top_c = set(np.argpartition(-sc, 10)[:10].tolist())
+            top_s = set(np.argpartition(-ss, 10)[:10].tolist())
+            total += len(top_c & top_s) / 10
+        overlap = total / nq
+        self.store.record_overlap(self._key(case), overlap, nq)
+        return overlap
+
+    # -- status and flip -----------------------------------------------------------------
+
+    def _case(self, use_case: str) -> _Case:
+        case = self.cases.get(use_case)
+        if case is None and use_case in self.unavailable:
+            raise FailedPrecondition(
+                f"the shadow of {use_case} does not run: {self.unavailable[use_case][1]}"
+            )
+        if case is None:
+            raise InvalidArgument(
+                f"no shadow pair for use case {use_case!r}; declared: "
+                f"{', '.join(sorted(self.cases)) or 'none'}"
+            )
+        return case
+
+    def _evidence(self, case: _Case, phase: str) -> tuple[list[ReleaseEvidence], ReleaseEvidence]:
+        """Every stored release of the case in `phase`, and the current one's evidence
+        (the shadow as declared, against this canonical on this hardware class)."""
+        g = case.cfg.gates
+        releases = [release_evidence(s, g) for s in self.store.stored(case.cfg.use_case, phase)]
+        mine = (case.shadow.identity, case.canonical.identity, case.hardware)
+        cur = next(
+            (r for r in releases if (r.shadow, r.canonical, r.hardware) == mine),
+            ReleaseEvidence(shadow=mine[0], canonical=mine[1], hardware=mine[2], phase=phase),
+        )
+        return releases, cur
+
+    def _watch_evidence(self, case: _Case) -> ReleaseEvidence:
+        return self._evidence(case, "watch")[1]
+
+    def _start_watch(self, case: _Case) -> None:
+        """A flip starts a new watch: evidence from an earlier flip does not carry over."""
+        self.store.clear(case.cfg.use_case, case.shadow.identity, "watch")
+
+    def _status(self, case: _Case) -> CaseStatus:
+        g = case.cfg.gates
+        releases, cur = self._evidence(case, "shadow")
+        recorded = [r.evidence for r in self.history.records(case.cfg.use_case)]
+        gates, eligible = evaluate_gates(cur, g, recorded, case.hardware)
+        flipped = case.serving == case.shadow.identity
+        watch = watch_verdict(self._watch_evidence(case), g)[0] if flipped else ()
+        return CaseStatus(
+            use_case=case.cfg.use_case,
+            status="flipped"
+            if flipped
+            else ("shadow-active" if case.cfg.status == "flipped" else case.cfg.status),
+            policy=case.cfg.policy,
+            sample_rate=case.cfg.sample_rate,
+            canonical=case.canonical.identity,
+            shadow=case.shadow.identity,
+            serving=case.serving,
+            gates=gates,
+            flip_eligible=eligible,
+            releases=tuple(releases),
+            history=tuple(self.store.history(case.cfg.use_case)),
+            hardware=case.hardware,
+            kernel=str(getattr(case.shadow, "kernel", "") or ""),
+            watch=watch,
+        )
+
+    def _unavailable_status(self, name: str) -> CaseStatus:
+        cfg, why = self.unavailable[name]
+        return CaseStatus(
+            use_case=name,
+            status="unavailable",
+            policy=cfg.policy,
+            sample_rate=cfg.sample_rate,
+            canonical=self._canonical.identity,
+            shadow=cfg.shadow,
+            serving=self._canonical.identity,
+            reason=why,
+        )
+
+    def status(self, use_case: str | None = None) -> list[CaseStatus]:
+        if use_case in self.unavailable:
+            return [self._unavailable_status(use_case)]
+        if use_case:
+            return [self._status(self._case(use_case))]
+        names = sorted([*self.cases, *self.unavailable])
+        return [
+            self._status(self.cases[n]) if n in self.cases else self._unavailable_status(n)
+            for n in names
+        ]
+
+    def _set_serving(
+        self, case: _Case, serving: str, action: str, forced: bool, reason: str
+    ) -> None:
+        if self._on_flip is not None:
+            self._on_flip(case.cfg.use_case, serving)
+        self.store.set_serving(case.cfg.use_case, serving, action, forced, reason)
+        case.serving, case.forced = serving, forced
+        log.warning("%s: %s -> %s now answers (%s)", case.cfg.use_case, action, serving, reason)
+
+    def flip(self, use_case: str, *, force: bool = False) -> CaseStatus:
+        case = self._case(use_case)
+        st = self._status(case)
+        if case.serving == case.shadow.identity:
+            return st
+        if not st.flip_eligible and not force:
+            failing = "; ".join(
+                f"{g.name}: {g.missing or g.value}" for g in st.gates if not g.passed
+            )
+            raise FailedPrecondition(
+                f"{use_case} is not flip-eligible: {failing}. Use force to flip anyway"
+            )
+        reason = "forced by admin" if not st.flip_eligible else "every gate holds"
+        self._start_watch(case)
+        self._set_serving(
+            case, case.shadow.identity, "flip", force and not st.flip_eligible, reason
+        )
+        return self._status(case)
+
+    def unflip(self, use_case: str) -> CaseStatus:
+        case = self._case(use_case)
+        if case.serving != case.canonical.identity:
+            self._set_serving(case, case.canonical.identity, "unflip", False, "admin unflip")
+        return self._status(case)
+
+    def record_release(self, use_case: str) -> tuple[ReleaseRecord, bool]:
+        """The live evidence of the case's current shadow release, judged under this
+        server's gates, as an entry of the release history (re-recording a release
+        replaces its entry). Returns the entry and whether it replaced one. Refused
+        (FailedPrecondition, with every reason) when the evidence fails G1 or G2 or had
+        a shadow error: the history holds only releases that passed."""
+        case = self._case(use_case)
+        if self.history.path is None:
+            raise FailedPrecondition("this server has no release history file (koder_toml)")
+        _, cur = self._evidence(case, "shadow")
+        if not cur.batches:
+            raise FailedPrecondition(f"no live evidence for {cur.shadow} yet; send traffic")
+        why = failing_reasons(cur, case.cfg.gates)
+        if why:
+            raise FailedPrecondition(
+                f"{cur.shadow} is not recorded: under this server's gates " + "; ".join(why)
+            )
+        rec = record_from(use_case, cur, case.cfg.gates)
+        return rec, self.history.record(rec)
+
+    def compatible(self, a: str, b: str) -> bool:
+        """True when vectors of `a` and `b` may be mixed: the same embedder, or a declared
+        pair whose current shadow release passes G1."""
+        if a == b:
+            return True
+        for case in self.cases.values():
+            if {a, b} == {case.canonical.identity, case.shadow.identity}:
+                now, hit = time.monotonic(), case.g1
+                if hit is None or now - hit[0] > COMPATIBLE_TTL_S:
+                    hit = case.g1 = (now, self._status(case).gates[0].passed)
+                return hit[1]
+        return False
+
+    def drain(self, timeout: float = 60.0) -> None:
+        for case in self.cases.values():
+            if case.experiment:
+                case.experiment.drain(timeout)
+
+    def close(self) -> None:
+        for case in self.cases.values():
+            if case.experiment:
+                case.experiment.close()
+        self._timing.shutdown()
+        self.store.close()
+
+
+class _Publisher:
+    def __init__(self, manager: ShadowManager, case: _Case) -> None:
+        self._m = manager
+        self._case = case
+
+    def publish(self, result: Result) -> None:
+        self._m._publish(self._case, result)
+
+    def dropped(self, experiment: str, inputs: _Batch) -> None:
+        case = self._case
+        self._m.store.record_drop(self._m._key(case), self._m._class_of(case, inputs))

@@ -1,0 +1,278 @@
+"""The release history: one entry of G1/G2 evidence per shadow release, kept in a committed,
+human-readable JSON file beside koder.toml (self-hosted-releases.json).
+
+G3 asks for several releases that each passed G1 and G2. A server's own evidence store
+lives in its data directory, which a fresh deployment does not have, so G3 counts this
+file instead: `ragplane shadow record-release` appends the live evidence of the release a
+server runs now (re-recording a version replaces its entry), the file is committed with
+the release, and every server that reads it judges each entry again against its own gates.
+
+JSON rather than TOML because the standard library both reads and writes it; entries are
+written with sorted keys and one field per line, so a new release is a readable diff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ragplane.core.errors import InvalidArgument
+from ragplane.server.shadow.classes import NAMES
+from ragplane.server.shadow.config import Gates
+from ragplane.server.shadow.gates import judge, passes_g1, passes_g2, stable
+from ragplane.server.shadow.types import ClassEvidence, ReleaseEvidence
+
+FILE_NAME = "self-hosted-releases.json"
+FORMAT = 1
+ABOUT = (
+    "Evidence per shadow release, one entry per name@version and case-of-use, written by "
+    "the server that measured it (`ragplane shadow record-release`, which asks it to), under "
+    "that server's gates. G3 counts an entry only when it was measured against the canonical "
+    "and on the hardware class of the decision at hand, over the minimum shadow time and "
+    "batches, and passes G1 and G2 per traffic class (judged again against koder.toml's "
+    "gates) with no errors. Commit this file with each release."
+)
+_KINDS = {"int": int, "float": float}
+# the numbers of an entry's "evidence" object and of each of its classes, with the type
+# each is read back as (an entry from before a number existed reads it as 0)
+_NUMBERS = {f.name: _KINDS[str(f.type)] for f in fields(ReleaseEvidence) if str(f.type) in _KINDS}
+_CLASS_NUMBERS = {
+    f.name: _KINDS[str(f.type)] for f in fields(ClassEvidence) if str(f.type) in _KINDS
+}
+
+
+@dataclass(frozen=True)
+class ReleaseRecord:
+    """One recorded release: its evidence and where and when it was measured."""
+
+    use_case: str
+    evidence: ReleaseEvidence  # passed_g1 / passed_g2 as judged when recorded
+    canonical: str  # name@version it was compared against
+    hardware: str  # the hardware class it was measured on (server.shadow.hardware)
+    recorded_at: str  # UTC, ISO 8601
+    machine: str  # cores, CPU model, OS of the measuring machine
+    gates: Gates  # the thresholds in force when recorded
+
+    @property
+    def shadow(self) -> str:
+        return self.evidence.shadow
+
+    def to_json(self) -> dict[str, Any]:
+        ev = dataclasses.asdict(self.evidence)
+        for k in ("canonical", "hardware", "phase", "last_error"):
+            ev.pop(k)
+        return {
+            "use_case": self.use_case,
+            "shadow": ev.pop("shadow"),
+            "canonical": self.canonical,
+            "hardware": self.hardware,
+            "recorded_at": self.recorded_at,
+            "machine": self.machine,
+            "evidence": ev,
+            "gates": dataclasses.asdict(self.gates),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: str) -> ReleaseRecord:
+        try:
+            ev = data["evidence"]
+            classes = tuple(
+                ClassEvidence(
+                    name=str(c["name"]),
+                    **{k: kind(c.get(k, 0)) for k, kind in _CLASS_NUMBERS.items()},
+                    **{k: bool(c.get(k, False)) for k in ("carried", "passed_g1", "passed_g2")},
+                )
+                for c in ev.get("classes", [])
+                if c.get("name") in NAMES
+            )
+            evidence = ReleaseEvidence(
+                shadow=str(data["shadow"]),
+                **{k: kind(ev.get(k, 0)) for k, kind in _NUMBERS.items()},
+                passed_g1=bool(ev.get("passed_g1", False)),
+                passed_g2=bool(ev.get("passed_g2", False)),
+                canonical=str(data.get("canonical", "")),
+                hardware=str(data.get("hardware", "")),
+                classes=classes,
+            )
+            known = {f.name for f in fields(Gates)}
+            gates = Gates(**{k: v for k, v in data.get("gates", {}).items() if k in known})
+            return cls(
+                use_case=str(data["use_case"]),
+                evidence=evidence,
+                canonical=evidence.canonical,
+                hardware=evidence.hardware,
+                recorded_at=str(data.get("recorded_at", "")),
+                machine=str(data.get("machine", "")),
+                gates=gates,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgument(
+                f"{where}: a release entry lacks or garbles {exc}; each entry needs use_case, "
+                f"shadow and evidence {{{', '.join(_NUMBERS)}}}"
+            ) from None
+
+
+def cpu_model() -> str:
+    """The processor's model name from /proc/cpuinfo ("" where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def machine_description() -> str:
+    cpu = cpu_model() or platform.processor() or platform.machine()
+    return f"{os.cpu_count()} cores, {cpu}, {platform.system()} {platform.release()}"
+
+
+def failing_reasons(ev: ReleaseEvidence, g: Gates) -> list[str]:
+    """Why `ev` would not count for G3 under the gates `g`, with the numbers."""
+    out = []
+    if not passes_g1(ev, g):
+        out.append(
+            f"G1: n={ev.samples} (>= {g.min_samples}), min cos {ev.cosine_min:.7f} "
+            f"(>= {g.min_cosine}), mean {ev.cosine_mean:.7f} (>= {g.mean_cosine}) in every "
+            f"class carrying >= {g.min_class_share:.0%} of batches, overlap@10 "
+            f"{ev.overlap_at_10:.3f} over {ev.probes} probes "
+            f"(>= {g.min_overlap} over >= {g.min_probes})"
+        )
+    if not passes_g2(ev, g):
+        classes = ", ".join(
+            f"{c.name} {c.time_ratio_upper:.3f} (A/A {c.aa_time_ratio:.3f}, "
+            f"{c.timed_batches} batches)"
+            for c in ev.classes
+            if c.carried
+        )
+        out.append(
+            f"G2: upper 95% <= {g.max_time_ratio} with A/A within {g.max_aa_ratio} over "
+            f">= {g.min_timed_batches} timed batches in every carried class: {classes or 'none'}"
+        )
+    if ev.errors:
+        out.append(f"{ev.errors} shadow error(s) (last: {ev.last_error})")
+    return out
+
+
+def record_from(
+    use_case: str, evidence: ReleaseEvidence, gates: Gates, machine: str = ""
+) -> ReleaseRecord:
+    """An entry for `evidence`, its G1/G2 judged against `gates` now."""
+    ev = judge(evidence, gates)
+    return ReleaseRecord(
+        use_case=use_case,
+        evidence=ev,
+        canonical=ev.canonical,
+        hardware=ev.hardware,
+        recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        machine=machine or machine_description(),
+        gates=gates,
+    )
+
+
+class ReleaseHistory:
+    """The history file at `path` (None: no history, G3 counts only the live release).
+
+    Reads are cached on the file's modification time and size, so a server that evaluates
+    its gates on every published sample picks up a newly recorded release without a restart
+    and without parsing the file each time."""
+
+    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+        self.path = Path(path) if path else None
+        self._lock = threading.Lock()
+        self._cache: tuple[tuple[int, int], list[ReleaseRecord]] | None = None
+
+    def records(self, use_case: str | None = None) -> list[ReleaseRecord]:
+        """Every entry (of `use_case`), in the order recorded. A missing file is an empty
+        history; a garbled one raises InvalidArgument naming the file."""
+        if self.path is None:
+            return []
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return []
+        key = (st.st_mtime_ns, st.st_size)
+        with self._lock:
+            if self._cache is None or self._cache[0] != key:
+                self._cache = (key, self._parse(self.path.read_text()))
+            out = self._cache[1]
+        return [r for r in out if use_case is None or r.use_case == use_case]
+
+    def _parse(self, text: str) -> list[ReleaseRecord]:
+        where = str(self.path)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgument(f"{where} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("releases", []), list):
+            raise InvalidArgument(f'{where}: expected {{"releases": [...]}}')
+        return [ReleaseRecord.from_json(r, where) for r in data.get("releases", [])]
+
+    def counted(self, use_case: str, gates: Gates) -> list[str]:
+        """The recorded releases of `use_case` that G3 counts under `gates`."""
+        return [r.shadow for r in self.records(use_case) if stable(judge(r.evidence, gates), gates)]
+
+    def record(self, rec: ReleaseRecord) -> bool:
+        """Add `rec`, replacing the entry of the same case and release if there is one
+        (returns True then). The file is replaced atomically: a reader never sees half."""
+        if self.path is None:
+            raise InvalidArgument("no release history file is configured")
+        current = self.records()
+        replaced = any(r.use_case == rec.use_case and r.shadow == rec.shadow for r in current)
+        kept = [r for r in current if (r.use_case, r.shadow) != (rec.use_case, rec.shadow)]
+        body = {
+            "about": ABOUT,
+            "format": FORMAT,
+            "releases": [r.to_json() for r in [*kept, rec]],
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(body, f, indent=2, sort_keys=False)
+                f.write("\n")
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return replaced
+
+
+def history_beside(koder_toml: str | os.PathLike[str] | None) -> ReleaseHistory:
+    """The history that belongs to a koder.toml: the file of that name in its folder."""
+    return ReleaseHistory(Path(koder_toml).parent / FILE_NAME if koder_toml else None)
+
+
+def render_markdown(records: list[ReleaseRecord], gates_of: dict[str, Gates]) -> list[str]:
+    """Markdown lines for `ragplane self-hosted registry`: one table row per recorded
+    release, with whether G3 counts it under the case's declared gates."""
+    if not records:
+        return [f"No release recorded in `{FILE_NAME}` yet (`ragplane shadow record-release`)."]
+    lines = [
+        "| case | release | canonical | hardware | recorded | machine | shadow hours | "
+        "batches | samples | cos min | cos mean | overlap@10 (probes) | time ratio | "
+        "upper 95% | timed batches | errors | G1 | G2 | passes today |",
+        "|" + " --- |" * 19,
+    ]
+    for r in records:
+        g = gates_of.get(r.use_case)
+        e = judge(r.evidence, g) if g else r.evidence
+        counts = ("yes" if stable(e, g) else "no") if g else "(case not declared)"
+        lines.append(
+            f"| {r.use_case} | {r.shadow} | {r.canonical} | {r.hardware or '(not recorded)'} | "
+            f"{r.recorded_at} | {r.machine} | {e.seconds / 3600:.1f} | {e.batches} | {e.samples} | "
+            f"{e.cosine_min:.7f} | {e.cosine_mean:.7f} | {e.overlap_at_10:.3f} ({e.probes}) | "
+            f"{e.time_ratio:.3f} | {e.time_ratio_upper:.3f} | {e.timed_batches} | {e.errors} | "
+            f"{'pass' if e.passed_g1 else 'fail'} | {'pass' if e.passed_g2 else 'fail'} | "
+            f"{counts} |"
+        )
+    return lines
