@@ -202,6 +202,14 @@ def run(
     worst = {regime: max(c[regime]["ratio_vs_onnx"] for c in cells) for regime, _ in REGIMES}
     results["max_ratio_vs_onnx"] = max(worst.values())
     results["max_ratio_vs_onnx_by_regime"] = worst
+    return results, _markdown(rows, results, rounds, rust.device)
+
+
+def _markdown(rows: list, results: dict, rounds: int, backend: str) -> str:
+    """Section 4's table and the line under it, from `run`'s rows and results."""
+    worst, threads, cpu = results["max_ratio_vs_onnx_by_regime"], results["threads"], results["cpu"]
+    version, kernel = results["embedder_rs"], results["kernel"]
+    agree = results["min_cosine_rust_vs_onnx"]
     md = table(
         [
             "texts",
@@ -224,11 +232,11 @@ def run(
         f"cores with the other's still-spinning pool), and idle, each call after a "
         f"{PAUSE_S * 1000:.0f} ms pause (a server between requests). Worst ratio against "
         f"the service's CPU canonical (onnx): {worst['loaded']:.2f} loaded, "
-        f"{worst['idle']:.2f} idle (gate <= 1.05). CPU: {cpu}. embedder_rs {rust.version}, "
-        f"kernel {rust.kernel or 'unknown'}, backend {rust.device}. "
+        f"{worst['idle']:.2f} idle (gate <= 1.05). CPU: {cpu}. embedder_rs {version}, "
+        f"kernel {kernel or 'unknown'}, backend {backend}. "
         f"Minimum cosine embedder_rs vs onnx on the passages: {agree:.7f}."
     )
-    return results, md
+    return md
 
 
 def main() -> int:
