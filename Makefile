@@ -62,6 +62,10 @@ test-all: install tools ## also the slow tests
 	VENV=$(VENV) bash scripts/run_tests.sh -m "not gpu"
 	VENV=$(VENV) bash scripts/test_clients.sh
 
+.PHONY: test-neon
+test-neon: ## embedder_rs's NEON tile and host pass, cross-built for aarch64, under qemu-user (scripts/test_neon.sh)
+	bash scripts/test_neon.sh
+
 bench: install ## side-by-side benchmarks; writes BENCHMARKS.md
 	$(PY) -m bench
 
