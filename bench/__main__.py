@@ -96,7 +96,7 @@ ON_REQUEST = {"gpu", "soak"}  # the soak takes 10 minutes: `make soak`
 
 
 def machine() -> str:
-    from ragplane.server.shadow.releases import cpu_model
+    from ragplane.server.shadow.hardware import cpu_model
 
     return (
         f"{os.cpu_count()} cores ({cpu_model() or platform.processor()}), Python "

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.markdown import table
+from ragplane.server.shadow.hardware import cpu_info
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,20 +73,9 @@ VECTOR_FLAGS = (
 def cpu_description() -> str:
     """The CPU's model and vector extensions, as /proc/cpuinfo gives them (Linux), e.g.
     "Intel(R) Xeon(R) Processor, avx avx2 fma avx512f ..."."""
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return model
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip().lower()
-        if key in ("model name", "cpu model") and model in ("", platform.machine()):
-            model = value.strip()
-        elif key in ("flags", "features") and not flags:
-            flags = set(value.split())
+    model, flags = cpu_info()
     extensions = " ".join(f for f in VECTOR_FLAGS if f in flags) or "none listed"
-    return f"{model}, {extensions}"
+    return f"{model or platform.processor() or platform.machine()}, {extensions}"
 
 
 def _time_cell(sides: dict, batches: list, rounds: int) -> dict[str, dict[str, float]]:

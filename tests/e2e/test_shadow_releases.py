@@ -126,7 +126,8 @@ def test_record_release_is_judged_by_the_server_and_refuses_failing_evidence(tmp
         traffic(srv)
         code, out = cli(srv, "record-release")
         out = " ".join(out.split())  # rich wraps long lines
-        assert code == 3 and "refused" in out and "G2: upper 95% <= 1e-09" in out, out
+        assert code == 3 and "refused" in out and "G2 performance: short: upper bound" in out, out
+        assert "<= 1e-09 (the shadow must get" in out, out
         assert "G1" not in out.split("refused", 1)[1]
         assert not history.exists()
         code, out = cli(srv, "record-release", "--koder-toml", str(tmp_path / "lax.toml"))

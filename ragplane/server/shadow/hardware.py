@@ -14,25 +14,41 @@ G3 counts only releases measured on the class of the decision at hand:
 
 from __future__ import annotations
 
+import functools
 import platform
 import sys
 from pathlib import Path
 from typing import Any
 
 
-def cpu_flags() -> set[str]:
+@functools.cache
+def cpu_info() -> tuple[str, frozenset[str]]:
+    """The processor's model name and feature flags from /proc/cpuinfo (x86 "model name"
+    and "flags", Arm "CPU model" and "Features"); ("", {}) where there is none."""
+    model, flags = "", frozenset[str]()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return set(line.split(":", 1)[1].split())
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return set()
+        return model, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "cpu model") and not model:
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = frozenset(value.split())
+    return model, flags
 
 
-def cpu_extension(flags: set[str] | None = None, machine: str | None = None) -> str:
+def cpu_model() -> str:
+    return cpu_info()[0]
+
+
+def cpu_extension(
+    flags: set[str] | frozenset[str] | None = None, machine: str | None = None
+) -> str:
     """The widest vector extension the CPU offers to an fp32 kernel."""
-    flags = cpu_flags() if flags is None else flags
+    flags = cpu_info()[1] if flags is None else flags
     machine = machine or platform.machine()
     if machine in ("aarch64", "arm64"):
         return "neon"

@@ -27,7 +27,8 @@ from typing import Any
 from ragplane.core.errors import InvalidArgument
 from ragplane.server.shadow.classes import NAMES
 from ragplane.server.shadow.config import Gates
-from ragplane.server.shadow.gates import judge, passes_g1, passes_g2, stable
+from ragplane.server.shadow.gates import agreement_gate, judge, performance_gate, stable
+from ragplane.server.shadow.hardware import cpu_model
 from ragplane.server.shadow.types import ClassEvidence, ReleaseEvidence
 
 FILE_NAME = "self-hosted-releases.json"
@@ -120,47 +121,17 @@ class ReleaseRecord:
             ) from None
 
 
-def cpu_model() -> str:
-    """The processor's model name from /proc/cpuinfo ("" where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def machine_description() -> str:
     cpu = cpu_model() or platform.processor() or platform.machine()
     return f"{os.cpu_count()} cores, {cpu}, {platform.system()} {platform.release()}"
 
 
 def failing_reasons(ev: ReleaseEvidence, g: Gates) -> list[str]:
-    """Why `ev` would not count for G3 under the gates `g`, with the numbers."""
-    out = []
-    if not passes_g1(ev, g):
-        out.append(
-            f"G1: n={ev.samples} (>= {g.min_samples}), min cos {ev.cosine_min:.7f} "
-            f"(>= {g.min_cosine}), mean {ev.cosine_mean:.7f} (>= {g.mean_cosine}) in every "
-            f"class carrying >= {g.min_class_share:.0%} of batches, overlap@10 "
-            f"{ev.overlap_at_10:.3f} over {ev.probes} probes "
-            f"(>= {g.min_overlap} over >= {g.min_probes})"
-        )
-    if not passes_g2(ev, g):
-        classes = ", ".join(
-            f"{c.name} {c.time_ratio_upper:.3f} (A/A {c.aa_time_ratio:.3f}, "
-            f"{c.timed_batches} batches)"
-            for c in ev.classes
-            if c.carried
-        )
-        out.append(
-            f"G2: upper 95% <= {g.max_time_ratio} with A/A within {g.max_aa_ratio} over "
-            f">= {g.min_timed_batches} timed batches in every carried class: {classes or 'none'}"
-        )
-    if ev.errors:
-        out.append(f"{ev.errors} shadow error(s) (last: {ev.last_error})")
-    return out
+    """Why `ev` would not count for G3 under the gates `g`: each failing gate with what it
+    still misses, as ShadowStatus and a refused flip say it."""
+    ev = judge(ev, g)
+    gates = (agreement_gate(ev, g), performance_gate(ev, g))
+    return [f"{x.name}: {x.missing or x.value}" for x in gates if not x.passed]
 
 
 def record_from(
