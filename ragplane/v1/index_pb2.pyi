@@ -22,6 +22,12 @@ class IndexType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INDEX_TYPE_FLAT: _ClassVar[IndexType]
     INDEX_TYPE_HNSW: _ClassVar[IndexType]
     INDEX_TYPE_IVF_PQ: _ClassVar[IndexType]
+
+class ChunkSplitter(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHUNK_SPLITTER_UNSPECIFIED: _ClassVar[ChunkSplitter]
+    CHUNK_SPLITTER_TEXT: _ClassVar[ChunkSplitter]
+    CHUNK_SPLITTER_MARKDOWN: _ClassVar[ChunkSplitter]
 METRIC_UNSPECIFIED: Metric
 METRIC_COSINE: Metric
 METRIC_IP: Metric
@@ -30,6 +36,9 @@ INDEX_TYPE_UNSPECIFIED: IndexType
 INDEX_TYPE_FLAT: IndexType
 INDEX_TYPE_HNSW: IndexType
 INDEX_TYPE_IVF_PQ: IndexType
+CHUNK_SPLITTER_UNSPECIFIED: ChunkSplitter
+CHUNK_SPLITTER_TEXT: ChunkSplitter
+CHUNK_SPLITTER_MARKDOWN: ChunkSplitter
 
 class IndexParams(_message.Message):
     __slots__ = ("hnsw_m", "hnsw_ef_construction", "hnsw_ef_search", "ivf_nlist", "ivf_nprobe", "pq_m")
@@ -48,23 +57,37 @@ class IndexParams(_message.Message):
     def __init__(self, hnsw_m: _Optional[int] = ..., hnsw_ef_construction: _Optional[int] = ..., hnsw_ef_search: _Optional[int] = ..., ivf_nlist: _Optional[int] = ..., ivf_nprobe: _Optional[int] = ..., pq_m: _Optional[int] = ...) -> None: ...
 
 class CreateCollectionRequest(_message.Message):
-    __slots__ = ("name", "metric", "index_type", "dim", "params", "lexical_index")
+    __slots__ = ("name", "metric", "index_type", "dim", "params", "lexical_index", "chunking")
     NAME_FIELD_NUMBER: _ClassVar[int]
     METRIC_FIELD_NUMBER: _ClassVar[int]
     INDEX_TYPE_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     LEXICAL_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CHUNKING_FIELD_NUMBER: _ClassVar[int]
     name: str
     metric: Metric
     index_type: IndexType
     dim: int
     params: IndexParams
     lexical_index: bool
-    def __init__(self, name: _Optional[str] = ..., metric: _Optional[_Union[Metric, str]] = ..., index_type: _Optional[_Union[IndexType, str]] = ..., dim: _Optional[int] = ..., params: _Optional[_Union[IndexParams, _Mapping]] = ..., lexical_index: _Optional[bool] = ...) -> None: ...
+    chunking: Chunking
+    def __init__(self, name: _Optional[str] = ..., metric: _Optional[_Union[Metric, str]] = ..., index_type: _Optional[_Union[IndexType, str]] = ..., dim: _Optional[int] = ..., params: _Optional[_Union[IndexParams, _Mapping]] = ..., lexical_index: _Optional[bool] = ..., chunking: _Optional[_Union[Chunking, _Mapping]] = ...) -> None: ...
+
+class Chunking(_message.Message):
+    __slots__ = ("enabled", "max_tokens", "overlap_tokens", "splitter")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPLITTER_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    max_tokens: int
+    overlap_tokens: int
+    splitter: ChunkSplitter
+    def __init__(self, enabled: _Optional[bool] = ..., max_tokens: _Optional[int] = ..., overlap_tokens: _Optional[int] = ..., splitter: _Optional[_Union[ChunkSplitter, str]] = ...) -> None: ...
 
 class CollectionInfo(_message.Message):
-    __slots__ = ("name", "count", "dim", "metric", "index_type", "embedder", "generation", "tombstones", "params", "created_at", "lexical_index")
+    __slots__ = ("name", "count", "dim", "metric", "index_type", "embedder", "generation", "tombstones", "params", "created_at", "lexical_index", "chunking", "chunks")
     NAME_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +99,8 @@ class CollectionInfo(_message.Message):
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     LEXICAL_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CHUNKING_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     name: str
     count: int
     dim: int
@@ -87,7 +112,9 @@ class CollectionInfo(_message.Message):
     params: IndexParams
     created_at: float
     lexical_index: bool
-    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., dim: _Optional[int] = ..., metric: _Optional[_Union[Metric, str]] = ..., index_type: _Optional[_Union[IndexType, str]] = ..., embedder: _Optional[str] = ..., generation: _Optional[int] = ..., tombstones: _Optional[int] = ..., params: _Optional[_Union[IndexParams, _Mapping]] = ..., created_at: _Optional[float] = ..., lexical_index: _Optional[bool] = ...) -> None: ...
+    chunking: Chunking
+    chunks: int
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., dim: _Optional[int] = ..., metric: _Optional[_Union[Metric, str]] = ..., index_type: _Optional[_Union[IndexType, str]] = ..., embedder: _Optional[str] = ..., generation: _Optional[int] = ..., tombstones: _Optional[int] = ..., params: _Optional[_Union[IndexParams, _Mapping]] = ..., created_at: _Optional[float] = ..., lexical_index: _Optional[bool] = ..., chunking: _Optional[_Union[Chunking, _Mapping]] = ..., chunks: _Optional[int] = ...) -> None: ...
 
 class DeleteCollectionRequest(_message.Message):
     __slots__ = ("name",)
@@ -126,12 +153,16 @@ class UpsertRequest(_message.Message):
     def __init__(self, collection: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_common_pb2.Item, _Mapping]]] = ...) -> None: ...
 
 class UpsertResponse(_message.Message):
-    __slots__ = ("upserted", "embedder")
+    __slots__ = ("upserted", "embedder", "chunks", "truncated")
     UPSERTED_FIELD_NUMBER: _ClassVar[int]
     EMBEDDER_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     upserted: int
     embedder: str
-    def __init__(self, upserted: _Optional[int] = ..., embedder: _Optional[str] = ...) -> None: ...
+    chunks: int
+    truncated: int
+    def __init__(self, upserted: _Optional[int] = ..., embedder: _Optional[str] = ..., chunks: _Optional[int] = ..., truncated: _Optional[int] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
     __slots__ = ("collection", "ids", "filter")

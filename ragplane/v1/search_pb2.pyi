@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SearchRequest(_message.Message):
-    __slots__ = ("collection", "text", "vector", "top_k", "filter", "include_text", "include_metadata", "mode", "fusion")
+    __slots__ = ("collection", "text", "vector", "top_k", "filter", "include_text", "include_metadata", "mode", "fusion", "chunks_per_hit", "group_by", "group_size", "group_limit")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     VECTOR_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,10 @@ class SearchRequest(_message.Message):
     INCLUDE_METADATA_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     FUSION_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_PER_HIT_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BY_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_LIMIT_FIELD_NUMBER: _ClassVar[int]
     collection: str
     text: str
     vector: _common_pb2.Vector
@@ -29,10 +33,36 @@ class SearchRequest(_message.Message):
     include_metadata: bool
     mode: _common_pb2.SearchMode
     fusion: _common_pb2.Fusion
-    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ..., top_k: _Optional[int] = ..., filter: _Optional[_Union[_common_pb2.Filter, _Mapping]] = ..., include_text: _Optional[bool] = ..., include_metadata: _Optional[bool] = ..., mode: _Optional[_Union[_common_pb2.SearchMode, str]] = ..., fusion: _Optional[_Union[_common_pb2.Fusion, _Mapping]] = ...) -> None: ...
+    chunks_per_hit: int
+    group_by: str
+    group_size: int
+    group_limit: int
+    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ..., top_k: _Optional[int] = ..., filter: _Optional[_Union[_common_pb2.Filter, _Mapping]] = ..., include_text: _Optional[bool] = ..., include_metadata: _Optional[bool] = ..., mode: _Optional[_Union[_common_pb2.SearchMode, str]] = ..., fusion: _Optional[_Union[_common_pb2.Fusion, _Mapping]] = ..., chunks_per_hit: _Optional[int] = ..., group_by: _Optional[str] = ..., group_size: _Optional[int] = ..., group_limit: _Optional[int] = ...) -> None: ...
+
+class ChunkHit(_message.Message):
+    __slots__ = ("index", "start", "end", "score", "text")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    start: int
+    end: int
+    score: float
+    text: str
+    def __init__(self, index: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., score: _Optional[float] = ..., text: _Optional[str] = ...) -> None: ...
+
+class HitGroup(_message.Message):
+    __slots__ = ("key", "hits")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    key: _struct_pb2.Value
+    hits: _containers.RepeatedCompositeFieldContainer[Hit]
+    def __init__(self, key: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ...) -> None: ...
 
 class Hit(_message.Message):
-    __slots__ = ("id", "score", "text", "metadata", "dense_score", "lexical_score", "fused_score")
+    __slots__ = ("id", "score", "text", "metadata", "dense_score", "lexical_score", "fused_score", "chunks")
     ID_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +70,7 @@ class Hit(_message.Message):
     DENSE_SCORE_FIELD_NUMBER: _ClassVar[int]
     LEXICAL_SCORE_FIELD_NUMBER: _ClassVar[int]
     FUSED_SCORE_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     id: str
     score: float
     text: str
@@ -47,16 +78,19 @@ class Hit(_message.Message):
     dense_score: float
     lexical_score: float
     fused_score: float
-    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., text: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., dense_score: _Optional[float] = ..., lexical_score: _Optional[float] = ..., fused_score: _Optional[float] = ...) -> None: ...
+    chunks: _containers.RepeatedCompositeFieldContainer[ChunkHit]
+    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., text: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., dense_score: _Optional[float] = ..., lexical_score: _Optional[float] = ..., fused_score: _Optional[float] = ..., chunks: _Optional[_Iterable[_Union[ChunkHit, _Mapping]]] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
-    __slots__ = ("hits", "returned_k", "exhaustive", "embedder")
+    __slots__ = ("hits", "returned_k", "exhaustive", "embedder", "groups")
     HITS_FIELD_NUMBER: _ClassVar[int]
     RETURNED_K_FIELD_NUMBER: _ClassVar[int]
     EXHAUSTIVE_FIELD_NUMBER: _ClassVar[int]
     EMBEDDER_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     hits: _containers.RepeatedCompositeFieldContainer[Hit]
     returned_k: int
     exhaustive: bool
     embedder: str
-    def __init__(self, hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ..., returned_k: _Optional[int] = ..., exhaustive: _Optional[bool] = ..., embedder: _Optional[str] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[HitGroup]
+    def __init__(self, hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ..., returned_k: _Optional[int] = ..., exhaustive: _Optional[bool] = ..., embedder: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[HitGroup, _Mapping]]] = ...) -> None: ...

@@ -125,6 +125,57 @@ func (IndexType) EnumDescriptor() ([]byte, []int) {
 	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{1}
 }
 
+type ChunkSplitter int32
+
+const (
+	ChunkSplitter_CHUNK_SPLITTER_UNSPECIFIED ChunkSplitter = 0 // text
+	// Splits at the largest unit that fits: paragraphs, then sentences, then words.
+	ChunkSplitter_CHUNK_SPLITTER_TEXT ChunkSplitter = 1
+	// As TEXT, but Markdown's structure first: sections, code blocks, lists.
+	ChunkSplitter_CHUNK_SPLITTER_MARKDOWN ChunkSplitter = 2
+)
+
+// Enum value maps for ChunkSplitter.
+var (
+	ChunkSplitter_name = map[int32]string{
+		0: "CHUNK_SPLITTER_UNSPECIFIED",
+		1: "CHUNK_SPLITTER_TEXT",
+		2: "CHUNK_SPLITTER_MARKDOWN",
+	}
+	ChunkSplitter_value = map[string]int32{
+		"CHUNK_SPLITTER_UNSPECIFIED": 0,
+		"CHUNK_SPLITTER_TEXT":        1,
+		"CHUNK_SPLITTER_MARKDOWN":    2,
+	}
+)
+
+func (x ChunkSplitter) Enum() *ChunkSplitter {
+	p := new(ChunkSplitter)
+	*p = x
+	return p
+}
+
+func (x ChunkSplitter) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ChunkSplitter) Descriptor() protoreflect.EnumDescriptor {
+	return file_ragplane_v1_index_proto_enumTypes[2].Descriptor()
+}
+
+func (ChunkSplitter) Type() protoreflect.EnumType {
+	return &file_ragplane_v1_index_proto_enumTypes[2]
+}
+
+func (x ChunkSplitter) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ChunkSplitter.Descriptor instead.
+func (ChunkSplitter) EnumDescriptor() ([]byte, []int) {
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{2}
+}
+
 // Index parameters; zero means the server's default.
 type IndexParams struct {
 	state              protoimpl.MessageState `protogen:"open.v1"`
@@ -221,7 +272,10 @@ type CreateCollectionRequest struct {
 	// Keep a lexical (FTS5/BM25) index of item text beside the vectors; unset = true. False
 	// saves its disk and write time; LEXICAL and HYBRID searches of the collection are then
 	// refused with FAILED_PRECONDITION.
-	LexicalIndex  *bool `protobuf:"varint,6,opt,name=lexical_index,json=lexicalIndex,proto3,oneof" json:"lexical_index,omitempty"`
+	LexicalIndex *bool `protobuf:"varint,6,opt,name=lexical_index,json=lexicalIndex,proto3,oneof" json:"lexical_index,omitempty"`
+	// How item text longer than the embedder's window is split before embedding; unset = on,
+	// sized to the window of the collection's embedder (see Chunking).
+	Chunking      *Chunking `protobuf:"bytes,7,opt,name=chunking,proto3,oneof" json:"chunking,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -298,6 +352,89 @@ func (x *CreateCollectionRequest) GetLexicalIndex() bool {
 	return false
 }
 
+func (x *CreateCollectionRequest) GetChunking() *Chunking {
+	if x != nil {
+		return x.Chunking
+	}
+	return nil
+}
+
+// Chunking: an item whose text is longer than `max_tokens` tokens (counted with the
+// collection's embedder's tokenizer, special tokens included) is stored as one item with
+// several chunks, each embedded alone; searches rank items by their best chunk and say
+// which passages matched (Hit.chunks). Shorter texts are one chunk, embedded whole.
+type Chunking struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False: texts are embedded truncated at the window (UpsertResponse.truncated counts them).
+	Enabled bool `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	// Tokens per chunk; 0 = the embedder's window (256 for all-MiniLM-L6-v2), which is also
+	// the most allowed.
+	MaxTokens int32 `protobuf:"varint,2,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	// Tokens shared by neighbouring chunks, at most max_tokens / 2; unset = max_tokens / 8.
+	OverlapTokens *int32        `protobuf:"varint,3,opt,name=overlap_tokens,json=overlapTokens,proto3,oneof" json:"overlap_tokens,omitempty"`
+	Splitter      ChunkSplitter `protobuf:"varint,4,opt,name=splitter,proto3,enum=ragplane.v1.ChunkSplitter" json:"splitter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Chunking) Reset() {
+	*x = Chunking{}
+	mi := &file_ragplane_v1_index_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Chunking) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Chunking) ProtoMessage() {}
+
+func (x *Chunking) ProtoReflect() protoreflect.Message {
+	mi := &file_ragplane_v1_index_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Chunking.ProtoReflect.Descriptor instead.
+func (*Chunking) Descriptor() ([]byte, []int) {
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Chunking) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+func (x *Chunking) GetMaxTokens() int32 {
+	if x != nil {
+		return x.MaxTokens
+	}
+	return 0
+}
+
+func (x *Chunking) GetOverlapTokens() int32 {
+	if x != nil && x.OverlapTokens != nil {
+		return *x.OverlapTokens
+	}
+	return 0
+}
+
+func (x *Chunking) GetSplitter() ChunkSplitter {
+	if x != nil {
+		return x.Splitter
+	}
+	return ChunkSplitter_CHUNK_SPLITTER_UNSPECIFIED
+}
+
 type CollectionInfo struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -312,14 +449,18 @@ type CollectionInfo struct {
 	Params     *IndexParams `protobuf:"bytes,9,opt,name=params,proto3" json:"params,omitempty"`
 	CreatedAt  float64      `protobuf:"fixed64,10,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"` // unix seconds
 	// Whether the collection keeps a lexical index (see CreateCollectionRequest).
-	LexicalIndex  bool `protobuf:"varint,11,opt,name=lexical_index,json=lexicalIndex,proto3" json:"lexical_index,omitempty"`
+	LexicalIndex bool `protobuf:"varint,11,opt,name=lexical_index,json=lexicalIndex,proto3" json:"lexical_index,omitempty"`
+	// How its item text is chunked (enabled = false for collections made before chunking).
+	Chunking *Chunking `protobuf:"bytes,12,opt,name=chunking,proto3" json:"chunking,omitempty"`
+	// Chunks (vectors) of the live items: equal to count when no item was split.
+	Chunks        int64 `protobuf:"varint,13,opt,name=chunks,proto3" json:"chunks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CollectionInfo) Reset() {
 	*x = CollectionInfo{}
-	mi := &file_ragplane_v1_index_proto_msgTypes[2]
+	mi := &file_ragplane_v1_index_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -331,7 +472,7 @@ func (x *CollectionInfo) String() string {
 func (*CollectionInfo) ProtoMessage() {}
 
 func (x *CollectionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_index_proto_msgTypes[2]
+	mi := &file_ragplane_v1_index_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -344,7 +485,7 @@ func (x *CollectionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectionInfo.ProtoReflect.Descriptor instead.
 func (*CollectionInfo) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{2}
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CollectionInfo) GetName() string {
@@ -424,6 +565,20 @@ func (x *CollectionInfo) GetLexicalIndex() bool {
 	return false
 }
 
+func (x *CollectionInfo) GetChunking() *Chunking {
+	if x != nil {
+		return x.Chunking
+	}
+	return nil
+}
+
+func (x *CollectionInfo) GetChunks() int64 {
+	if x != nil {
+		return x.Chunks
+	}
+	return 0
+}
+
 type DeleteCollectionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -433,7 +588,7 @@ type DeleteCollectionRequest struct {
 
 func (x *DeleteCollectionRequest) Reset() {
 	*x = DeleteCollectionRequest{}
-	mi := &file_ragplane_v1_index_proto_msgTypes[3]
+	mi := &file_ragplane_v1_index_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +600,7 @@ func (x *DeleteCollectionRequest) String() string {
 func (*DeleteCollectionRequest) ProtoMessage() {}
 
 func (x *DeleteCollectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_index_proto_msgTypes[3]
+	mi := &file_ragplane_v1_index_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +613,7 @@ func (x *DeleteCollectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCollectionRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCollectionRequest) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{3}
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *DeleteCollectionRequest) GetName() string {
@@ -477,7 +632,7 @@ type DeleteCollectionResponse struct {
 
 func (x *DeleteCollectionResponse) Reset() {
 	*x = DeleteCollectionResponse{}
-	mi := &file_ragplane_v1_index_proto_msgTypes[4]
+	mi := &file_ragplane_v1_index_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -489,7 +644,7 @@ func (x *DeleteCollectionResponse) String() string {
 func (*DeleteCollectionResponse) ProtoMessage() {}
 
 func (x *DeleteCollectionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_index_proto_msgTypes[4]
+	mi := &file_ragplane_v1_index_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -502,7 +657,7 @@ func (x *DeleteCollectionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCollectionResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCollectionResponse) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{4}
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DeleteCollectionResponse) GetDeleted() bool {
@@ -520,7 +675,7 @@ type ListCollectionsRequest struct {
 
 func (x *ListCollectionsRequest) Reset() {
 	*x = ListCollectionsRequest{}
-	mi := &file_ragplane_v1_index_proto_msgTypes[5]
+	mi := &file_ragplane_v1_index_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +687,7 @@ func (x *ListCollectionsRequest) String() string {
 func (*ListCollectionsRequest) ProtoMessage() {}
 
 func (x *ListCollectionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_index_proto_msgTypes[5]
+	mi := &file_ragplane_v1_index_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +700,7 @@ func (x *ListCollectionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCollectionsRequest.ProtoReflect.Descriptor instead.
 func (*ListCollectionsRequest) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{5}
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{6}
 }
 
 type ListCollectionsResponse struct {
@@ -557,7 +712,7 @@ type ListCollectionsResponse struct {
 
 func (x *ListCollectionsResponse) Reset() {
 	*x = ListCollectionsResponse{}
-	mi := &file_ragplane_v1_index_proto_msgTypes[6]
+	mi := &file_ragplane_v1_index_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -569,7 +724,7 @@ func (x *ListCollectionsResponse) String() string {
 func (*ListCollectionsResponse) ProtoMessage() {}
 
 func (x *ListCollectionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_index_proto_msgTypes[6]
+	mi := &file_ragplane_v1_index_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -582,7 +737,7 @@ func (x *ListCollectionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCollectionsResponse.ProtoReflect.Descriptor instead.
 func (*ListCollectionsResponse) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{6}
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListCollectionsResponse) GetCollections() []*CollectionInfo {
@@ -601,7 +756,7 @@ type DescribeCollectionRequest struct {
 
 func (x *DescribeCollectionRequest) Reset() {
 	*x = DescribeCollectionRequest{}
-	mi := &file_ragplane_v1_index_proto_msgTypes[7]
+	mi := &file_ragplane_v1_index_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -613,7 +768,7 @@ func (x *DescribeCollectionRequest) String() string {
 func (*DescribeCollectionRequest) ProtoMessage() {}
 
 func (x *DescribeCollectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_index_proto_msgTypes[7]
+	mi := &file_ragplane_v1_index_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -626,7 +781,7 @@ func (x *DescribeCollectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeCollectionRequest.ProtoReflect.Descriptor instead.
 func (*DescribeCollectionRequest) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{7}
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DescribeCollectionRequest) GetName() string {
@@ -646,7 +801,7 @@ type UpsertRequest struct {
 
 func (x *UpsertRequest) Reset() {
 	*x = UpsertRequest{}
-	mi := &file_ragplane_v1_index_proto_msgTypes[8]
+	mi := &file_ragplane_v1_index_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +813,7 @@ func (x *UpsertRequest) String() string {
 func (*UpsertRequest) ProtoMessage() {}
 
 func (x *UpsertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_index_proto_msgTypes[8]
+	mi := &file_ragplane_v1_index_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +826,7 @@ func (x *UpsertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertRequest.ProtoReflect.Descriptor instead.
 func (*UpsertRequest) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{8}
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *UpsertRequest) GetCollection() string {
@@ -692,14 +847,19 @@ type UpsertResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Upserted int64                  `protobuf:"varint,1,opt,name=upserted,proto3" json:"upserted,omitempty"`
 	// name@version of the embedder that embedded items sent without a vector.
-	Embedder      string `protobuf:"bytes,2,opt,name=embedder,proto3" json:"embedder,omitempty"`
+	Embedder string `protobuf:"bytes,2,opt,name=embedder,proto3" json:"embedder,omitempty"`
+	// Chunks written for the items (each item at least one; items with a vector, one).
+	Chunks int64 `protobuf:"varint,3,opt,name=chunks,proto3" json:"chunks,omitempty"`
+	// Texts embedded truncated at the embedder's window: only in a collection with chunking
+	// off (with it on, nothing is truncated).
+	Truncated     int64 `protobuf:"varint,4,opt,name=truncated,proto3" json:"truncated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UpsertResponse) Reset() {
 	*x = UpsertResponse{}
-	mi := &file_ragplane_v1_index_proto_msgTypes[9]
+	mi := &file_ragplane_v1_index_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -711,7 +871,7 @@ func (x *UpsertResponse) String() string {
 func (*UpsertResponse) ProtoMessage() {}
 
 func (x *UpsertResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_index_proto_msgTypes[9]
+	mi := &file_ragplane_v1_index_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -724,7 +884,7 @@ func (x *UpsertResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertResponse.ProtoReflect.Descriptor instead.
 func (*UpsertResponse) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{9}
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *UpsertResponse) GetUpserted() int64 {
@@ -741,6 +901,20 @@ func (x *UpsertResponse) GetEmbedder() string {
 	return ""
 }
 
+func (x *UpsertResponse) GetChunks() int64 {
+	if x != nil {
+		return x.Chunks
+	}
+	return 0
+}
+
+func (x *UpsertResponse) GetTruncated() int64 {
+	if x != nil {
+		return x.Truncated
+	}
+	return 0
+}
+
 type DeleteRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Collection string                 `protobuf:"bytes,1,opt,name=collection,proto3" json:"collection,omitempty"`
@@ -755,7 +929,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_ragplane_v1_index_proto_msgTypes[10]
+	mi := &file_ragplane_v1_index_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +941,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_index_proto_msgTypes[10]
+	mi := &file_ragplane_v1_index_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +954,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{10}
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteRequest) GetCollection() string {
@@ -840,7 +1014,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_ragplane_v1_index_proto_msgTypes[11]
+	mi := &file_ragplane_v1_index_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -852,7 +1026,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_index_proto_msgTypes[11]
+	mi := &file_ragplane_v1_index_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -865,7 +1039,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{11}
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeleteResponse) GetDeleted() int64 {
@@ -886,7 +1060,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_ragplane_v1_index_proto_msgTypes[12]
+	mi := &file_ragplane_v1_index_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +1072,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_index_proto_msgTypes[12]
+	mi := &file_ragplane_v1_index_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1085,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{12}
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetRequest) GetCollection() string {
@@ -945,7 +1119,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_ragplane_v1_index_proto_msgTypes[13]
+	mi := &file_ragplane_v1_index_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -957,7 +1131,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_index_proto_msgTypes[13]
+	mi := &file_ragplane_v1_index_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -970,7 +1144,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{13}
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetResponse) GetItems() []*Item {
@@ -992,7 +1166,7 @@ const file_ragplane_v1_index_proto_rawDesc = "" +
 	"\tivf_nlist\x18\x04 \x01(\x05R\bivfNlist\x12\x1d\n" +
 	"\n" +
 	"ivf_nprobe\x18\x05 \x01(\x05R\tivfNprobe\x12\x11\n" +
-	"\x04pq_m\x18\x06 \x01(\x05R\x03pqM\"\x91\x02\n" +
+	"\x04pq_m\x18\x06 \x01(\x05R\x03pqM\"\xd6\x02\n" +
 	"\x17CreateCollectionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
 	"\x06metric\x18\x02 \x01(\x0e2\x13.ragplane.v1.MetricR\x06metric\x125\n" +
@@ -1000,8 +1174,17 @@ const file_ragplane_v1_index_proto_rawDesc = "" +
 	"index_type\x18\x03 \x01(\x0e2\x16.ragplane.v1.IndexTypeR\tindexType\x12\x10\n" +
 	"\x03dim\x18\x04 \x01(\x05R\x03dim\x120\n" +
 	"\x06params\x18\x05 \x01(\v2\x18.ragplane.v1.IndexParamsR\x06params\x12(\n" +
-	"\rlexical_index\x18\x06 \x01(\bH\x00R\flexicalIndex\x88\x01\x01B\x10\n" +
-	"\x0e_lexical_index\"\x82\x03\n" +
+	"\rlexical_index\x18\x06 \x01(\bH\x00R\flexicalIndex\x88\x01\x01\x126\n" +
+	"\bchunking\x18\a \x01(\v2\x15.ragplane.v1.ChunkingH\x01R\bchunking\x88\x01\x01B\x10\n" +
+	"\x0e_lexical_indexB\v\n" +
+	"\t_chunking\"\xba\x01\n" +
+	"\bChunking\x12\x18\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x1d\n" +
+	"\n" +
+	"max_tokens\x18\x02 \x01(\x05R\tmaxTokens\x12*\n" +
+	"\x0eoverlap_tokens\x18\x03 \x01(\x05H\x00R\roverlapTokens\x88\x01\x01\x126\n" +
+	"\bsplitter\x18\x04 \x01(\x0e2\x1a.ragplane.v1.ChunkSplitterR\bsplitterB\x11\n" +
+	"\x0f_overlap_tokens\"\xcd\x03\n" +
 	"\x0eCollectionInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x10\n" +
@@ -1020,7 +1203,9 @@ const file_ragplane_v1_index_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\n" +
 	" \x01(\x01R\tcreatedAt\x12#\n" +
-	"\rlexical_index\x18\v \x01(\bR\flexicalIndex\"-\n" +
+	"\rlexical_index\x18\v \x01(\bR\flexicalIndex\x121\n" +
+	"\bchunking\x18\f \x01(\v2\x15.ragplane.v1.ChunkingR\bchunking\x12\x16\n" +
+	"\x06chunks\x18\r \x01(\x03R\x06chunks\"-\n" +
 	"\x17DeleteCollectionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"4\n" +
 	"\x18DeleteCollectionResponse\x12\x18\n" +
@@ -1034,10 +1219,12 @@ const file_ragplane_v1_index_proto_rawDesc = "" +
 	"\n" +
 	"collection\x18\x01 \x01(\tR\n" +
 	"collection\x12'\n" +
-	"\x05items\x18\x02 \x03(\v2\x11.ragplane.v1.ItemR\x05items\"H\n" +
+	"\x05items\x18\x02 \x03(\v2\x11.ragplane.v1.ItemR\x05items\"~\n" +
 	"\x0eUpsertResponse\x12\x1a\n" +
 	"\bupserted\x18\x01 \x01(\x03R\bupserted\x12\x1a\n" +
-	"\bembedder\x18\x02 \x01(\tR\bembedder\"\x93\x01\n" +
+	"\bembedder\x18\x02 \x01(\tR\bembedder\x12\x16\n" +
+	"\x06chunks\x18\x03 \x01(\x03R\x06chunks\x12\x1c\n" +
+	"\ttruncated\x18\x04 \x01(\x03R\ttruncated\"\x93\x01\n" +
 	"\rDeleteRequest\x12\x1e\n" +
 	"\n" +
 	"collection\x18\x01 \x01(\tR\n" +
@@ -1066,7 +1253,11 @@ const file_ragplane_v1_index_proto_rawDesc = "" +
 	"\x16INDEX_TYPE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fINDEX_TYPE_FLAT\x10\x01\x12\x13\n" +
 	"\x0fINDEX_TYPE_HNSW\x10\x02\x12\x15\n" +
-	"\x11INDEX_TYPE_IVF_PQ\x10\x032\xdd\x04\n" +
+	"\x11INDEX_TYPE_IVF_PQ\x10\x03*e\n" +
+	"\rChunkSplitter\x12\x1e\n" +
+	"\x1aCHUNK_SPLITTER_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13CHUNK_SPLITTER_TEXT\x10\x01\x12\x1b\n" +
+	"\x17CHUNK_SPLITTER_MARKDOWN\x10\x022\xdd\x04\n" +
 	"\fIndexService\x12U\n" +
 	"\x10CreateCollection\x12$.ragplane.v1.CreateCollectionRequest\x1a\x1b.ragplane.v1.CollectionInfo\x12d\n" +
 	"\x10DeleteCollection\x12$.ragplane.v1.DeleteCollectionRequest\x1a%.ragplane.v1.DeleteCollectionResponse\"\x03\x90\x02\x02\x12a\n" +
@@ -1088,60 +1279,65 @@ func file_ragplane_v1_index_proto_rawDescGZIP() []byte {
 	return file_ragplane_v1_index_proto_rawDescData
 }
 
-var file_ragplane_v1_index_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_ragplane_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_ragplane_v1_index_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_ragplane_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_ragplane_v1_index_proto_goTypes = []any{
 	(Metric)(0),                       // 0: ragplane.v1.Metric
 	(IndexType)(0),                    // 1: ragplane.v1.IndexType
-	(*IndexParams)(nil),               // 2: ragplane.v1.IndexParams
-	(*CreateCollectionRequest)(nil),   // 3: ragplane.v1.CreateCollectionRequest
-	(*CollectionInfo)(nil),            // 4: ragplane.v1.CollectionInfo
-	(*DeleteCollectionRequest)(nil),   // 5: ragplane.v1.DeleteCollectionRequest
-	(*DeleteCollectionResponse)(nil),  // 6: ragplane.v1.DeleteCollectionResponse
-	(*ListCollectionsRequest)(nil),    // 7: ragplane.v1.ListCollectionsRequest
-	(*ListCollectionsResponse)(nil),   // 8: ragplane.v1.ListCollectionsResponse
-	(*DescribeCollectionRequest)(nil), // 9: ragplane.v1.DescribeCollectionRequest
-	(*UpsertRequest)(nil),             // 10: ragplane.v1.UpsertRequest
-	(*UpsertResponse)(nil),            // 11: ragplane.v1.UpsertResponse
-	(*DeleteRequest)(nil),             // 12: ragplane.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 13: ragplane.v1.DeleteResponse
-	(*GetRequest)(nil),                // 14: ragplane.v1.GetRequest
-	(*GetResponse)(nil),               // 15: ragplane.v1.GetResponse
-	(*Item)(nil),                      // 16: ragplane.v1.Item
-	(*IdList)(nil),                    // 17: ragplane.v1.IdList
-	(*Filter)(nil),                    // 18: ragplane.v1.Filter
+	(ChunkSplitter)(0),                // 2: ragplane.v1.ChunkSplitter
+	(*IndexParams)(nil),               // 3: ragplane.v1.IndexParams
+	(*CreateCollectionRequest)(nil),   // 4: ragplane.v1.CreateCollectionRequest
+	(*Chunking)(nil),                  // 5: ragplane.v1.Chunking
+	(*CollectionInfo)(nil),            // 6: ragplane.v1.CollectionInfo
+	(*DeleteCollectionRequest)(nil),   // 7: ragplane.v1.DeleteCollectionRequest
+	(*DeleteCollectionResponse)(nil),  // 8: ragplane.v1.DeleteCollectionResponse
+	(*ListCollectionsRequest)(nil),    // 9: ragplane.v1.ListCollectionsRequest
+	(*ListCollectionsResponse)(nil),   // 10: ragplane.v1.ListCollectionsResponse
+	(*DescribeCollectionRequest)(nil), // 11: ragplane.v1.DescribeCollectionRequest
+	(*UpsertRequest)(nil),             // 12: ragplane.v1.UpsertRequest
+	(*UpsertResponse)(nil),            // 13: ragplane.v1.UpsertResponse
+	(*DeleteRequest)(nil),             // 14: ragplane.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 15: ragplane.v1.DeleteResponse
+	(*GetRequest)(nil),                // 16: ragplane.v1.GetRequest
+	(*GetResponse)(nil),               // 17: ragplane.v1.GetResponse
+	(*Item)(nil),                      // 18: ragplane.v1.Item
+	(*IdList)(nil),                    // 19: ragplane.v1.IdList
+	(*Filter)(nil),                    // 20: ragplane.v1.Filter
 }
 var file_ragplane_v1_index_proto_depIdxs = []int32{
 	0,  // 0: ragplane.v1.CreateCollectionRequest.metric:type_name -> ragplane.v1.Metric
 	1,  // 1: ragplane.v1.CreateCollectionRequest.index_type:type_name -> ragplane.v1.IndexType
-	2,  // 2: ragplane.v1.CreateCollectionRequest.params:type_name -> ragplane.v1.IndexParams
-	0,  // 3: ragplane.v1.CollectionInfo.metric:type_name -> ragplane.v1.Metric
-	1,  // 4: ragplane.v1.CollectionInfo.index_type:type_name -> ragplane.v1.IndexType
-	2,  // 5: ragplane.v1.CollectionInfo.params:type_name -> ragplane.v1.IndexParams
-	4,  // 6: ragplane.v1.ListCollectionsResponse.collections:type_name -> ragplane.v1.CollectionInfo
-	16, // 7: ragplane.v1.UpsertRequest.items:type_name -> ragplane.v1.Item
-	17, // 8: ragplane.v1.DeleteRequest.ids:type_name -> ragplane.v1.IdList
-	18, // 9: ragplane.v1.DeleteRequest.filter:type_name -> ragplane.v1.Filter
-	16, // 10: ragplane.v1.GetResponse.items:type_name -> ragplane.v1.Item
-	3,  // 11: ragplane.v1.IndexService.CreateCollection:input_type -> ragplane.v1.CreateCollectionRequest
-	5,  // 12: ragplane.v1.IndexService.DeleteCollection:input_type -> ragplane.v1.DeleteCollectionRequest
-	7,  // 13: ragplane.v1.IndexService.ListCollections:input_type -> ragplane.v1.ListCollectionsRequest
-	9,  // 14: ragplane.v1.IndexService.DescribeCollection:input_type -> ragplane.v1.DescribeCollectionRequest
-	10, // 15: ragplane.v1.IndexService.Upsert:input_type -> ragplane.v1.UpsertRequest
-	12, // 16: ragplane.v1.IndexService.Delete:input_type -> ragplane.v1.DeleteRequest
-	14, // 17: ragplane.v1.IndexService.Get:input_type -> ragplane.v1.GetRequest
-	4,  // 18: ragplane.v1.IndexService.CreateCollection:output_type -> ragplane.v1.CollectionInfo
-	6,  // 19: ragplane.v1.IndexService.DeleteCollection:output_type -> ragplane.v1.DeleteCollectionResponse
-	8,  // 20: ragplane.v1.IndexService.ListCollections:output_type -> ragplane.v1.ListCollectionsResponse
-	4,  // 21: ragplane.v1.IndexService.DescribeCollection:output_type -> ragplane.v1.CollectionInfo
-	11, // 22: ragplane.v1.IndexService.Upsert:output_type -> ragplane.v1.UpsertResponse
-	13, // 23: ragplane.v1.IndexService.Delete:output_type -> ragplane.v1.DeleteResponse
-	15, // 24: ragplane.v1.IndexService.Get:output_type -> ragplane.v1.GetResponse
-	18, // [18:25] is the sub-list for method output_type
-	11, // [11:18] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	3,  // 2: ragplane.v1.CreateCollectionRequest.params:type_name -> ragplane.v1.IndexParams
+	5,  // 3: ragplane.v1.CreateCollectionRequest.chunking:type_name -> ragplane.v1.Chunking
+	2,  // 4: ragplane.v1.Chunking.splitter:type_name -> ragplane.v1.ChunkSplitter
+	0,  // 5: ragplane.v1.CollectionInfo.metric:type_name -> ragplane.v1.Metric
+	1,  // 6: ragplane.v1.CollectionInfo.index_type:type_name -> ragplane.v1.IndexType
+	3,  // 7: ragplane.v1.CollectionInfo.params:type_name -> ragplane.v1.IndexParams
+	5,  // 8: ragplane.v1.CollectionInfo.chunking:type_name -> ragplane.v1.Chunking
+	6,  // 9: ragplane.v1.ListCollectionsResponse.collections:type_name -> ragplane.v1.CollectionInfo
+	18, // 10: ragplane.v1.UpsertRequest.items:type_name -> ragplane.v1.Item
+	19, // 11: ragplane.v1.DeleteRequest.ids:type_name -> ragplane.v1.IdList
+	20, // 12: ragplane.v1.DeleteRequest.filter:type_name -> ragplane.v1.Filter
+	18, // 13: ragplane.v1.GetResponse.items:type_name -> ragplane.v1.Item
+	4,  // 14: ragplane.v1.IndexService.CreateCollection:input_type -> ragplane.v1.CreateCollectionRequest
+	7,  // 15: ragplane.v1.IndexService.DeleteCollection:input_type -> ragplane.v1.DeleteCollectionRequest
+	9,  // 16: ragplane.v1.IndexService.ListCollections:input_type -> ragplane.v1.ListCollectionsRequest
+	11, // 17: ragplane.v1.IndexService.DescribeCollection:input_type -> ragplane.v1.DescribeCollectionRequest
+	12, // 18: ragplane.v1.IndexService.Upsert:input_type -> ragplane.v1.UpsertRequest
+	14, // 19: ragplane.v1.IndexService.Delete:input_type -> ragplane.v1.DeleteRequest
+	16, // 20: ragplane.v1.IndexService.Get:input_type -> ragplane.v1.GetRequest
+	6,  // 21: ragplane.v1.IndexService.CreateCollection:output_type -> ragplane.v1.CollectionInfo
+	8,  // 22: ragplane.v1.IndexService.DeleteCollection:output_type -> ragplane.v1.DeleteCollectionResponse
+	10, // 23: ragplane.v1.IndexService.ListCollections:output_type -> ragplane.v1.ListCollectionsResponse
+	6,  // 24: ragplane.v1.IndexService.DescribeCollection:output_type -> ragplane.v1.CollectionInfo
+	13, // 25: ragplane.v1.IndexService.Upsert:output_type -> ragplane.v1.UpsertResponse
+	15, // 26: ragplane.v1.IndexService.Delete:output_type -> ragplane.v1.DeleteResponse
+	17, // 27: ragplane.v1.IndexService.Get:output_type -> ragplane.v1.GetResponse
+	21, // [21:28] is the sub-list for method output_type
+	14, // [14:21] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_ragplane_v1_index_proto_init() }
@@ -1151,7 +1347,8 @@ func file_ragplane_v1_index_proto_init() {
 	}
 	file_ragplane_v1_common_proto_init()
 	file_ragplane_v1_index_proto_msgTypes[1].OneofWrappers = []any{}
-	file_ragplane_v1_index_proto_msgTypes[10].OneofWrappers = []any{
+	file_ragplane_v1_index_proto_msgTypes[2].OneofWrappers = []any{}
+	file_ragplane_v1_index_proto_msgTypes[11].OneofWrappers = []any{
 		(*DeleteRequest_Ids)(nil),
 		(*DeleteRequest_Filter)(nil),
 	}
@@ -1160,8 +1357,8 @@ func file_ragplane_v1_index_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ragplane_v1_index_proto_rawDesc), len(file_ragplane_v1_index_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   14,
+			NumEnums:      3,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -37,8 +37,16 @@ type SearchRequest struct {
 	// Unset = SEARCH_MODE_DENSE (the behaviour before modes existed). LEXICAL and HYBRID need
 	// `text` and a collection created with its lexical index (the default).
 	Mode SearchMode `protobuf:"varint,8,opt,name=mode,proto3,enum=ragplane.v1.SearchMode" json:"mode,omitempty"`
-	// How HYBRID fuses; unset = RRF with k = 60 and an even split.
-	Fusion        *Fusion `protobuf:"bytes,9,opt,name=fusion,proto3" json:"fusion,omitempty"`
+	// How HYBRID fuses; unset = the weighted fusion with an even split (see Fusion).
+	Fusion *Fusion `protobuf:"bytes,9,opt,name=fusion,proto3" json:"fusion,omitempty"`
+	// Passages per hit (Hit.chunks), best first; 0 = 1. At most 16.
+	ChunksPerHit int32 `protobuf:"varint,10,opt,name=chunks_per_hit,json=chunksPerHit,proto3" json:"chunks_per_hit,omitempty"`
+	// Group hits by this metadata field (dotted for nested), as Qdrant's search groups: up to
+	// `group_limit` groups (0 = top_k), each of up to `group_size` hits (0 = 1), best group
+	// first. Items without the field are left out. The groups are in SearchResponse.groups.
+	GroupBy       string `protobuf:"bytes,11,opt,name=group_by,json=groupBy,proto3" json:"group_by,omitempty"`
+	GroupSize     int32  `protobuf:"varint,12,opt,name=group_size,json=groupSize,proto3" json:"group_size,omitempty"`
+	GroupLimit    int32  `protobuf:"varint,13,opt,name=group_limit,json=groupLimit,proto3" json:"group_limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -147,6 +155,34 @@ func (x *SearchRequest) GetFusion() *Fusion {
 	return nil
 }
 
+func (x *SearchRequest) GetChunksPerHit() int32 {
+	if x != nil {
+		return x.ChunksPerHit
+	}
+	return 0
+}
+
+func (x *SearchRequest) GetGroupBy() string {
+	if x != nil {
+		return x.GroupBy
+	}
+	return ""
+}
+
+func (x *SearchRequest) GetGroupSize() int32 {
+	if x != nil {
+		return x.GroupSize
+	}
+	return 0
+}
+
+func (x *SearchRequest) GetGroupLimit() int32 {
+	if x != nil {
+		return x.GroupLimit
+	}
+	return 0
+}
+
 type isSearchRequest_Query interface {
 	isSearchRequest_Query()
 }
@@ -162,6 +198,141 @@ type SearchRequest_Vector struct {
 func (*SearchRequest_Text) isSearchRequest_Query() {}
 
 func (*SearchRequest_Vector) isSearchRequest_Query() {}
+
+// A passage of a hit's item: the chunk of its text that matched.
+type ChunkHit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Position of the chunk in the item (0 = the first).
+	Index int32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// Offsets of the chunk in the item's text, in characters (Unicode code points):
+	// text[start:end] is the chunk.
+	Start int64 `protobuf:"varint,2,opt,name=start,proto3" json:"start,omitempty"`
+	End   int64 `protobuf:"varint,3,opt,name=end,proto3" json:"end,omitempty"`
+	// The chunk's score, on the hit's scale (dense, lexical or fused by mode).
+	Score float32 `protobuf:"fixed32,4,opt,name=score,proto3" json:"score,omitempty"`
+	// The chunk's text, when include_text.
+	Text          string `protobuf:"bytes,5,opt,name=text,proto3" json:"text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChunkHit) Reset() {
+	*x = ChunkHit{}
+	mi := &file_ragplane_v1_search_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChunkHit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChunkHit) ProtoMessage() {}
+
+func (x *ChunkHit) ProtoReflect() protoreflect.Message {
+	mi := &file_ragplane_v1_search_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChunkHit.ProtoReflect.Descriptor instead.
+func (*ChunkHit) Descriptor() ([]byte, []int) {
+	return file_ragplane_v1_search_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ChunkHit) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ChunkHit) GetStart() int64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *ChunkHit) GetEnd() int64 {
+	if x != nil {
+		return x.End
+	}
+	return 0
+}
+
+func (x *ChunkHit) GetScore() float32 {
+	if x != nil {
+		return x.Score
+	}
+	return 0
+}
+
+func (x *ChunkHit) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+type HitGroup struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The value of the group_by field that the group's hits share.
+	Key           *structpb.Value `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Hits          []*Hit          `protobuf:"bytes,2,rep,name=hits,proto3" json:"hits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HitGroup) Reset() {
+	*x = HitGroup{}
+	mi := &file_ragplane_v1_search_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HitGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HitGroup) ProtoMessage() {}
+
+func (x *HitGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_ragplane_v1_search_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HitGroup.ProtoReflect.Descriptor instead.
+func (*HitGroup) Descriptor() ([]byte, []int) {
+	return file_ragplane_v1_search_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *HitGroup) GetKey() *structpb.Value {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *HitGroup) GetHits() []*Hit {
+	if x != nil {
+		return x.Hits
+	}
+	return nil
+}
 
 type Hit struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -179,14 +350,18 @@ type Hit struct {
 	// 0 when no query word occurs). Set in LEXICAL and HYBRID modes.
 	LexicalScore *float32 `protobuf:"fixed32,6,opt,name=lexical_score,json=lexicalScore,proto3,oneof" json:"lexical_score,omitempty"`
 	// The fusion of the two rankings (see Fusion). Set in HYBRID mode only.
-	FusedScore    *float32 `protobuf:"fixed32,7,opt,name=fused_score,json=fusedScore,proto3,oneof" json:"fused_score,omitempty"`
+	FusedScore *float32 `protobuf:"fixed32,7,opt,name=fused_score,json=fusedScore,proto3,oneof" json:"fused_score,omitempty"`
+	// The passages that matched (chunks_per_hit of them, best first). An item ranks by its
+	// best chunk; items of one chunk have one, covering the whole text. Empty for items of a
+	// collection with chunking off (or made before chunking).
+	Chunks        []*ChunkHit `protobuf:"bytes,8,rep,name=chunks,proto3" json:"chunks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hit) Reset() {
 	*x = Hit{}
-	mi := &file_ragplane_v1_search_proto_msgTypes[1]
+	mi := &file_ragplane_v1_search_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -198,7 +373,7 @@ func (x *Hit) String() string {
 func (*Hit) ProtoMessage() {}
 
 func (x *Hit) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_search_proto_msgTypes[1]
+	mi := &file_ragplane_v1_search_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -211,7 +386,7 @@ func (x *Hit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hit.ProtoReflect.Descriptor instead.
 func (*Hit) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_search_proto_rawDescGZIP(), []int{1}
+	return file_ragplane_v1_search_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Hit) GetId() string {
@@ -263,6 +438,13 @@ func (x *Hit) GetFusedScore() float32 {
 	return 0
 }
 
+func (x *Hit) GetChunks() []*ChunkHit {
+	if x != nil {
+		return x.Chunks
+	}
+	return nil
+}
+
 type SearchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Hits  []*Hit                 `protobuf:"bytes,1,rep,name=hits,proto3" json:"hits,omitempty"`
@@ -274,14 +456,16 @@ type SearchResponse struct {
 	// HYBRID when both rankings were exact.
 	Exhaustive bool `protobuf:"varint,3,opt,name=exhaustive,proto3" json:"exhaustive,omitempty"`
 	// name@version of the embedder that embedded the query text (empty for vector queries).
-	Embedder      string `protobuf:"bytes,4,opt,name=embedder,proto3" json:"embedder,omitempty"`
+	Embedder string `protobuf:"bytes,4,opt,name=embedder,proto3" json:"embedder,omitempty"`
+	// With group_by: the groups (and `hits` is empty).
+	Groups        []*HitGroup `protobuf:"bytes,5,rep,name=groups,proto3" json:"groups,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SearchResponse) Reset() {
 	*x = SearchResponse{}
-	mi := &file_ragplane_v1_search_proto_msgTypes[2]
+	mi := &file_ragplane_v1_search_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -293,7 +477,7 @@ func (x *SearchResponse) String() string {
 func (*SearchResponse) ProtoMessage() {}
 
 func (x *SearchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_search_proto_msgTypes[2]
+	mi := &file_ragplane_v1_search_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -306,7 +490,7 @@ func (x *SearchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SearchResponse.ProtoReflect.Descriptor instead.
 func (*SearchResponse) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_search_proto_rawDescGZIP(), []int{2}
+	return file_ragplane_v1_search_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SearchResponse) GetHits() []*Hit {
@@ -337,11 +521,18 @@ func (x *SearchResponse) GetEmbedder() string {
 	return ""
 }
 
+func (x *SearchResponse) GetGroups() []*HitGroup {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
 var File_ragplane_v1_search_proto protoreflect.FileDescriptor
 
 const file_ragplane_v1_search_proto_rawDesc = "" +
 	"\n" +
-	"\x18ragplane/v1/search.proto\x12\vragplane.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x18ragplane/v1/common.proto\"\xe7\x02\n" +
+	"\x18ragplane/v1/search.proto\x12\vragplane.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x18ragplane/v1/common.proto\"\xe8\x03\n" +
 	"\rSearchRequest\x12\x1e\n" +
 	"\n" +
 	"collection\x18\x01 \x01(\tR\n" +
@@ -353,8 +544,24 @@ const file_ragplane_v1_search_proto_rawDesc = "" +
 	"\finclude_text\x18\x06 \x01(\bR\vincludeText\x12)\n" +
 	"\x10include_metadata\x18\a \x01(\bR\x0fincludeMetadata\x12+\n" +
 	"\x04mode\x18\b \x01(\x0e2\x17.ragplane.v1.SearchModeR\x04mode\x12+\n" +
-	"\x06fusion\x18\t \x01(\v2\x13.ragplane.v1.FusionR\x06fusionB\a\n" +
-	"\x05query\"\x9c\x02\n" +
+	"\x06fusion\x18\t \x01(\v2\x13.ragplane.v1.FusionR\x06fusion\x12$\n" +
+	"\x0echunks_per_hit\x18\n" +
+	" \x01(\x05R\fchunksPerHit\x12\x19\n" +
+	"\bgroup_by\x18\v \x01(\tR\agroupBy\x12\x1d\n" +
+	"\n" +
+	"group_size\x18\f \x01(\x05R\tgroupSize\x12\x1f\n" +
+	"\vgroup_limit\x18\r \x01(\x05R\n" +
+	"groupLimitB\a\n" +
+	"\x05query\"r\n" +
+	"\bChunkHit\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x14\n" +
+	"\x05start\x18\x02 \x01(\x03R\x05start\x12\x10\n" +
+	"\x03end\x18\x03 \x01(\x03R\x03end\x12\x14\n" +
+	"\x05score\x18\x04 \x01(\x02R\x05score\x12\x12\n" +
+	"\x04text\x18\x05 \x01(\tR\x04text\"Z\n" +
+	"\bHitGroup\x12(\n" +
+	"\x03key\x18\x01 \x01(\v2\x16.google.protobuf.ValueR\x03key\x12$\n" +
+	"\x04hits\x18\x02 \x03(\v2\x10.ragplane.v1.HitR\x04hits\"\xcb\x02\n" +
 	"\x03Hit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05score\x18\x02 \x01(\x02R\x05score\x12\x12\n" +
@@ -364,10 +571,11 @@ const file_ragplane_v1_search_proto_rawDesc = "" +
 	"denseScore\x88\x01\x01\x12(\n" +
 	"\rlexical_score\x18\x06 \x01(\x02H\x01R\flexicalScore\x88\x01\x01\x12$\n" +
 	"\vfused_score\x18\a \x01(\x02H\x02R\n" +
-	"fusedScore\x88\x01\x01B\x0e\n" +
+	"fusedScore\x88\x01\x01\x12-\n" +
+	"\x06chunks\x18\b \x03(\v2\x15.ragplane.v1.ChunkHitR\x06chunksB\x0e\n" +
 	"\f_dense_scoreB\x10\n" +
 	"\x0e_lexical_scoreB\x0e\n" +
-	"\f_fused_score\"\x91\x01\n" +
+	"\f_fused_score\"\xc0\x01\n" +
 	"\x0eSearchResponse\x12$\n" +
 	"\x04hits\x18\x01 \x03(\v2\x10.ragplane.v1.HitR\x04hits\x12\x1d\n" +
 	"\n" +
@@ -375,7 +583,8 @@ const file_ragplane_v1_search_proto_rawDesc = "" +
 	"\n" +
 	"exhaustive\x18\x03 \x01(\bR\n" +
 	"exhaustive\x12\x1a\n" +
-	"\bembedder\x18\x04 \x01(\tR\bembedder2W\n" +
+	"\bembedder\x18\x04 \x01(\tR\bembedder\x12-\n" +
+	"\x06groups\x18\x05 \x03(\v2\x15.ragplane.v1.HitGroupR\x06groups2W\n" +
 	"\rSearchService\x12F\n" +
 	"\x06Search\x12\x1a.ragplane.v1.SearchRequest\x1a\x1b.ragplane.v1.SearchResponse\"\x03\x90\x02\x01B?Z=github.com/ragplane/ragplane/clients/go/ragplanev1;ragplanev1b\x06proto3"
 
@@ -391,31 +600,38 @@ func file_ragplane_v1_search_proto_rawDescGZIP() []byte {
 	return file_ragplane_v1_search_proto_rawDescData
 }
 
-var file_ragplane_v1_search_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_ragplane_v1_search_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_ragplane_v1_search_proto_goTypes = []any{
 	(*SearchRequest)(nil),   // 0: ragplane.v1.SearchRequest
-	(*Hit)(nil),             // 1: ragplane.v1.Hit
-	(*SearchResponse)(nil),  // 2: ragplane.v1.SearchResponse
-	(*Vector)(nil),          // 3: ragplane.v1.Vector
-	(*Filter)(nil),          // 4: ragplane.v1.Filter
-	(SearchMode)(0),         // 5: ragplane.v1.SearchMode
-	(*Fusion)(nil),          // 6: ragplane.v1.Fusion
-	(*structpb.Struct)(nil), // 7: google.protobuf.Struct
+	(*ChunkHit)(nil),        // 1: ragplane.v1.ChunkHit
+	(*HitGroup)(nil),        // 2: ragplane.v1.HitGroup
+	(*Hit)(nil),             // 3: ragplane.v1.Hit
+	(*SearchResponse)(nil),  // 4: ragplane.v1.SearchResponse
+	(*Vector)(nil),          // 5: ragplane.v1.Vector
+	(*Filter)(nil),          // 6: ragplane.v1.Filter
+	(SearchMode)(0),         // 7: ragplane.v1.SearchMode
+	(*Fusion)(nil),          // 8: ragplane.v1.Fusion
+	(*structpb.Value)(nil),  // 9: google.protobuf.Value
+	(*structpb.Struct)(nil), // 10: google.protobuf.Struct
 }
 var file_ragplane_v1_search_proto_depIdxs = []int32{
-	3, // 0: ragplane.v1.SearchRequest.vector:type_name -> ragplane.v1.Vector
-	4, // 1: ragplane.v1.SearchRequest.filter:type_name -> ragplane.v1.Filter
-	5, // 2: ragplane.v1.SearchRequest.mode:type_name -> ragplane.v1.SearchMode
-	6, // 3: ragplane.v1.SearchRequest.fusion:type_name -> ragplane.v1.Fusion
-	7, // 4: ragplane.v1.Hit.metadata:type_name -> google.protobuf.Struct
-	1, // 5: ragplane.v1.SearchResponse.hits:type_name -> ragplane.v1.Hit
-	0, // 6: ragplane.v1.SearchService.Search:input_type -> ragplane.v1.SearchRequest
-	2, // 7: ragplane.v1.SearchService.Search:output_type -> ragplane.v1.SearchResponse
-	7, // [7:8] is the sub-list for method output_type
-	6, // [6:7] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	5,  // 0: ragplane.v1.SearchRequest.vector:type_name -> ragplane.v1.Vector
+	6,  // 1: ragplane.v1.SearchRequest.filter:type_name -> ragplane.v1.Filter
+	7,  // 2: ragplane.v1.SearchRequest.mode:type_name -> ragplane.v1.SearchMode
+	8,  // 3: ragplane.v1.SearchRequest.fusion:type_name -> ragplane.v1.Fusion
+	9,  // 4: ragplane.v1.HitGroup.key:type_name -> google.protobuf.Value
+	3,  // 5: ragplane.v1.HitGroup.hits:type_name -> ragplane.v1.Hit
+	10, // 6: ragplane.v1.Hit.metadata:type_name -> google.protobuf.Struct
+	1,  // 7: ragplane.v1.Hit.chunks:type_name -> ragplane.v1.ChunkHit
+	3,  // 8: ragplane.v1.SearchResponse.hits:type_name -> ragplane.v1.Hit
+	2,  // 9: ragplane.v1.SearchResponse.groups:type_name -> ragplane.v1.HitGroup
+	0,  // 10: ragplane.v1.SearchService.Search:input_type -> ragplane.v1.SearchRequest
+	4,  // 11: ragplane.v1.SearchService.Search:output_type -> ragplane.v1.SearchResponse
+	11, // [11:12] is the sub-list for method output_type
+	10, // [10:11] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_ragplane_v1_search_proto_init() }
@@ -428,14 +644,14 @@ func file_ragplane_v1_search_proto_init() {
 		(*SearchRequest_Text)(nil),
 		(*SearchRequest_Vector)(nil),
 	}
-	file_ragplane_v1_search_proto_msgTypes[1].OneofWrappers = []any{}
+	file_ragplane_v1_search_proto_msgTypes[3].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ragplane_v1_search_proto_rawDesc), len(file_ragplane_v1_search_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
