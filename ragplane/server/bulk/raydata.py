@@ -4,7 +4,8 @@ Reading runs as Ray Data read tasks (one per file, through `RowsDatasource`), em
 a pool of actors that each load the canonical embedder once (`EmbedBatch`): one GPU each
 where the cluster has GPUs, else one CPU each, so that read tasks keep a CPU to run on.
 The driver iterates the embedded batches in input order and writes them itself, so the
-workers never need to reach the ragplane server.
+workers never need to reach the ragplane server. The documents of a folder are read by
+plain Ray tasks, one per file (`read_documents`); the server embeds those itself.
 
 Why a datasource of our own rather than `read_json` / `read_csv` / `read_parquet`: those
 neither say which line a row came from nor survive one malformed line (the whole read
@@ -29,7 +30,7 @@ from ray.data.datasource import FileBasedDatasource
 
 from ragplane.core import errors
 from ragplane.core.errors import InvalidArgument, RagplaneError, Unavailable
-from ragplane.server.bulk import rows
+from ragplane.server.bulk import files, rows
 from ragplane.server.bulk.embed import VECTOR, EmbedBatch, EmbedderSpec
 from ragplane.server.ray_start import init_ray
 
@@ -182,6 +183,31 @@ def ingest_batches(
     yield from _surfaced(
         ds.iter_batches(batch_size=batch_rows, batch_format="numpy", prefetch_batches=2)
     )
+
+
+def read_documents(root: str, paths: list[str], cluster: Cluster) -> Iterator[files.Doc]:
+    """The documents `paths` (relative to `root`), each read and parsed by a Ray task of one
+    CPU, in the order given, with up to two tasks per CPU of the cluster in flight. As with
+    rows, `root` must be on storage that every node shares. Plain tasks rather than Ray
+    Data: a document is one object, and the driver needs them back one by one, in order."""
+    root = os.path.abspath(root)
+    read = ray.remote(num_cpus=1)(files.read)
+    window = max(2, 2 * int(cluster.cpus))
+
+    def in_order() -> Iterator[files.Doc]:
+        pending: deque[Any] = deque()
+        try:
+            for rel in paths:
+                pending.append(read.remote(root, rel))
+                if len(pending) >= window:
+                    yield ray.get(pending.popleft())
+            while pending:
+                yield ray.get(pending.popleft())
+        finally:
+            for ref in pending:  # a run ended early leaves no work behind
+                ray.cancel(ref)
+
+    yield from _surfaced(in_order())
 
 
 def _surfaced(batches: Iterator[Any]) -> Iterator[Any]:
