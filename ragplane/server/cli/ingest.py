@@ -1,16 +1,22 @@
 """`ragplane ingest`: load JSONL, CSV or Parquet files into a collection of a running
 server, embedding them here or on a Ray cluster (`ragplane.server.bulk`), with a progress bar and a
-summary. The server stores; this command is one of its clients (read and write scopes)."""
+summary. The server stores; this command is one of its clients (read and write scopes).
+
+Given one directory of documents (.txt, .md, .html, .pdf) instead, it writes one item per
+file as text, which the server chunks and embeds (`bulk.folder`), skipping the files that
+the collection already holds unchanged."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import grpc
 import numpy as np
 import typer
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -26,10 +32,12 @@ from ragplane.index.types import Record
 from ragplane.server import conversions as conv
 from ragplane.server.bulk import rows
 from ragplane.server.bulk.embed import EmbedderSpec
+from ragplane.server.bulk.files import Doc, walk
+from ragplane.server.bulk.folder import BATCH_DOCS, FolderOptions, FolderSummary, ingest_folder
 from ragplane.server.bulk.pipeline import BadRows, Options, Summary
 from ragplane.server.bulk.pipeline import ingest as run_ingest
 from ragplane.server.cli.common import Conn, console, err, errors
-from ragplane.v1 import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
+from ragplane.v1 import common_pb2, embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
 
 # The vectors written must be the server's own for the same text, to G1's min cosine.
 MIN_PROBE_COSINE = 0.9999
@@ -53,18 +61,7 @@ class GrpcWriter:
         request = index_pb2.UpsertRequest(
             collection=self.collection, items=[conv.record_to_item(r) for r in records]
         )
-        for attempt in range(RETRIES):
-            try:
-                self.index.Upsert(request, timeout=self.conn.timeout, metadata=self.conn.metadata)
-                return
-            except grpc.RpcError as exc:
-                code = exc.code()
-                if code == grpc.StatusCode.INVALID_ARGUMENT:
-                    raise InvalidArgument(exc.details()) from None
-                retry = code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
-                if not retry or attempt == RETRIES - 1:
-                    raise
-                time.sleep(_retry_after(exc, attempt))
+        _retrying(self.index.Upsert, request, self.conn)
 
     def _check(self, record: Record) -> str:
         stub = embed_pb2_grpc.EmbedServiceStub(self.conn.channel())
@@ -84,6 +81,47 @@ class GrpcWriter:
                 "server's --model-dir"
             )
         return f"cosine {cos:.6f} to the server's own Embed"
+
+
+class GrpcDocWriter:
+    """`folder.DocWriter` over gRPC: documents go as text items without a vector, which the
+    server chunks and embeds (so there is nothing to probe); what is stored is asked with
+    Get. Retried as `GrpcWriter` does."""
+
+    def __init__(self, conn: Conn, collection: str) -> None:
+        self.conn, self.collection = conn, collection
+        self.index = index_pb2_grpc.IndexServiceStub(conn.channel())
+
+    def stored(self, ids: list[str]) -> dict[str, str]:
+        request = index_pb2.GetRequest(collection=self.collection, ids=ids,
+                                       include_vectors=False)
+        reply = _retrying(self.index.Get, request, self.conn)
+        return {it.id: it.metadata["sha256"] if "sha256" in it.metadata.fields else ""
+                for it in reply.items}
+
+    def upsert(self, docs: list[Doc]) -> int:
+        request = index_pb2.UpsertRequest(collection=self.collection, items=[
+            common_pb2.Item(id=d.id, text=d.text, metadata=conv.dict_to_struct(d.metadata))
+            for d in docs
+        ])
+        return int(_retrying(self.index.Upsert, request, self.conn).chunks)
+
+
+def _retrying(call: Any, request: Any, conn: Conn) -> Any:
+    """`call(request)`, retried on RESOURCE_EXHAUSTED and UNAVAILABLE (honouring
+    `retry-after`): only for idempotent calls. INVALID_ARGUMENT becomes InvalidArgument."""
+    for attempt in range(RETRIES):
+        try:
+            return call(request, timeout=conn.timeout, metadata=conn.metadata)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise InvalidArgument(exc.details()) from None
+            retry = code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
+            if not retry or attempt == RETRIES - 1:
+                raise
+            time.sleep(_retry_after(exc, attempt))
+    raise AssertionError("unreachable")
 
 
 def _retry_after(exc: grpc.RpcError, attempt: int) -> float:
@@ -122,7 +160,9 @@ def _collection(conn: Conn, name: str, create: bool) -> index_pb2.CollectionInfo
 
 def ingest(
     paths: Annotated[list[str], typer.Argument(help="Files or directories (.jsonl, .csv, "
-                                               ".parquet; .gz ok), local or s3:// / gs://.")],
+                                               ".parquet; .gz ok), local or s3:// / gs://; "
+                                               "or one local directory of documents (.txt, "
+                                               ".md, .html, .htm, .pdf).")],
     collection: Annotated[str, typer.Option("--collection", "-c", help="Target collection.")],
     addr: Annotated[str, typer.Option(envvar="RAGPLANE_ADDR", help="Server address.")] = (
         "127.0.0.1:50051"
@@ -136,7 +176,8 @@ def ingest(
         help="off (in this process) | local (a Ray instance on this machine) | auto (the "
         "cluster this machine belongs to) | a cluster address (host:port, ray://host:port).",
     )] = "off",
-    batch_size: Annotated[int, typer.Option(help="Rows per embedding batch and per upsert.")] = 256,
+    batch_size: Annotated[int, typer.Option(help="Rows per embedding batch and per upsert "
+                                            f"(documents: at most {BATCH_DOCS}).")] = 256,
     create: Annotated[bool, typer.Option(help="Create the collection if it does not exist.")] = (
         False
     ),
@@ -144,16 +185,20 @@ def ingest(
         help="skip: write the good rows and report the bad ones; fail: write nothing if any "
         "row is bad.")] = "skip",
     fmt: Annotated[str, typer.Option("--format", help="jsonl | csv | parquet (default: from "
-                                     "each file's extension).")] = "",
+                                     "each file's extension) | docs (PATHS is a directory of "
+                                     "documents, even one that holds row files).")] = "",
     actors: Annotated[int, typer.Option(help="Ray embedding actors (0: one per GPU, else one "
                                         "per CPU but one per node).")] = 0,
     model_dir: Annotated[str, typer.Option(help="The server's --model-dir, if it has one.")] = "",
     timeout: Annotated[float, typer.Option(help="Seconds per call.")] = 60.0,
 ) -> None:
-    """Embed and upsert the rows of PATHS (id, text, optional metadata) into a collection.
+    """Embed and upsert the rows of PATHS (id, text, optional metadata) into a collection;
+    or, for one directory of documents, upsert each file as one text item (id: its path in
+    the directory) that the server chunks and embeds, skipping files stored unchanged.
 
     Keyed by id, so running it again (after a failure, or a kill) never duplicates and ends
-    with the collection a clean run gives."""
+    with the collection a clean run gives. Exit 1 when a document failed (or a row was bad
+    with --on-bad-row fail)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     conn = Conn(addr, key, tls_ca, timeout)
@@ -161,11 +206,15 @@ def ingest(
         with errors(conn, scope="read and write"):
             options = Options(batch_rows=batch_size, on_bad_row=on_bad_row, forced_format=fmt,
                               ray="" if ray == "off" else ray, actors=actors)
+            folder = _folder(paths, fmt)
             try:
-                summary, writer = _run(conn, paths, collection, create, model_dir, options)
+                if folder:
+                    done: Any = _run_folder(conn, *folder, collection, create, options)
+                else:
+                    done = _run(conn, paths, collection, create, model_dir, options)
             except KeyboardInterrupt:
-                err.print("interrupted; run the same command again to finish (rows are "
-                          "upserted by id, so nothing is duplicated)")
+                err.print("interrupted; run the same command again to finish (upserts are "
+                          "by id, so nothing is duplicated)")
                 raise typer.Exit(130) from None
     except BadRows as exc:
         err.print(f"[bold red]refused:[/] {exc}")
@@ -175,7 +224,37 @@ def ingest(
         raise typer.Exit(2) from None
     finally:
         conn.close()
-    _report(summary, writer.probe)
+    if isinstance(done, FolderSummary):
+        _report_folder(done)
+        if done.failed:
+            raise typer.Exit(1)
+    else:
+        summary, writer = done
+        _report(summary, writer.probe)
+
+
+def _folder(paths: list[str], fmt: str) -> tuple[str, tuple[list[str], list[Doc]]] | None:
+    """(the directory, its listing) when PATHS is one local directory of documents, or
+    `--format docs` says so; None for rows. A directory that holds row files is read as
+    rows, as before documents could be ingested, with a word about the documents."""
+    one_dir = len(paths) == 1 and "://" not in paths[0] and os.path.isdir(paths[0])
+    if fmt == "docs":
+        if not one_dir:
+            raise InvalidArgument("--format docs takes one local directory")
+        listing = walk(paths[0])
+        if not any(listing):
+            raise InvalidArgument(f"{paths[0]} holds no .txt, .md, .html, .htm or .pdf files")
+        return paths[0], listing
+    if fmt or not one_dir or not (listing := walk(paths[0]))[0]:
+        return None
+    try:
+        rows.expand(paths)
+    except InvalidArgument:  # no row files: a folder of documents
+        return paths[0], listing
+    err.print(f"[yellow]note:[/] {escape(paths[0])} holds row files, so it is read as rows and "
+              f"its {len(listing[0])} documents are left out; pass --format docs to ingest "
+              "the documents instead")
+    return None
 
 
 def _run(conn: Conn, paths: list[str], collection: str, create: bool, model_dir: str,
@@ -186,10 +265,7 @@ def _run(conn: Conn, paths: list[str], collection: str, create: bool, model_dir:
     writer = GrpcWriter(conn, collection, info.embedder)
     local = all("://" not in f for f in files)
     total = rows.estimate_rows(files, options.forced_format) if local else None
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[rate]} rows/s"), TimeElapsedColumn(),
-               TimeRemainingColumn()]
-    with Progress(*columns, console=err, transient=False) as bar:
+    with Progress(*_columns("rows"), console=err, transient=False) as bar:
         task = bar.add_task("starting", total=total, rate="-")
         t0 = time.monotonic()
 
@@ -204,6 +280,50 @@ def _run(conn: Conn, paths: list[str], collection: str, create: bool, model_dir:
         summary = run_ingest(files, spec, writer, options, progress, on_start=started)
         bar.update(task, completed=summary.read, total=summary.read)
     return summary, writer
+
+
+def _columns(unit: str) -> list[Any]:
+    return [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn(f"{{task.fields[rate]}} {unit}/s"), TimeElapsedColumn(),
+            TimeRemainingColumn()]
+
+
+def _run_folder(conn: Conn, root: str, listing: tuple[list[str], list[Doc]], collection: str,
+                create: bool, options: Options) -> FolderSummary:
+    _collection(conn, collection, create)
+    writer = GrpcDocWriter(conn, collection)
+    folder_options = FolderOptions(batch_docs=min(options.batch_rows, BATCH_DOCS),
+                                   ray=options.ray)
+    # pypdf logs what it mends in a damaged file; those it cannot read are reported below
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
+    with Progress(*_columns("files"), console=err, transient=False) as bar:
+        task = bar.add_task("starting", total=len(listing[0]) + len(listing[1]), rate="-")
+        t0 = time.monotonic()
+
+        def progress(s: FolderSummary) -> None:
+            rate = s.files / max(1e-9, time.monotonic() - t0)
+            bar.update(task, completed=s.files, rate=f"{rate:,.1f}")
+
+        def started(where: str) -> None:
+            bar.update(task, description=f"ingest -> {collection}")
+            err.print(f"reading documents {where}; the server chunks and embeds them")
+
+        return ingest_folder(root, listing, writer, folder_options, progress, on_start=started)
+
+
+def _report_folder(s: FolderSummary) -> None:
+    t = Table(title="ingest summary", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("ran", s.where)
+    for name, value in [("files", s.files), ("new", s.new), ("replaced", s.replaced),
+                        ("unchanged (skipped)", s.unchanged), ("failed", len(s.failed)),
+                        ("chunks", s.chunks), ("bytes", s.bytes)]:
+        t.add_row(name, f"{value:,}")
+    t.add_row("time", f"{s.seconds:,.1f} s")
+    console.print(t)
+    for d in s.failed:  # every one: each is a file to mend or to leave out
+        console.print(f"[red]failed[/] {escape(d.id)}: {escape(d.error)}")
 
 
 def _report(s: Summary, probe: str | None) -> None:
