@@ -9,17 +9,19 @@ from ragplane.core.errors import AlreadyExists, InvalidArgument
 from ragplane.index import faiss_index as fx
 from ragplane.index import repository as repo
 from ragplane.index.context import Context
-from ragplane.index.state import Coll
-from ragplane.index.types import CollectionInfo, IndexParams, IndexType, Metric
+from ragplane.index.state import Coll, chunking_json
+from ragplane.index.types import Chunking, CollectionInfo, IndexParams, IndexType, Metric
 from ragplane.index.validate import check_dim, check_name, check_params, to_enum
 
 
 def create(
     ctx: Context, tenant: str, name: str, dim: int, metric: Metric, index_type: IndexType,
     embedder: str, params: IndexParams, lexical_index: bool = True,
+    chunking: Chunking = Chunking(),  # noqa: B008 - frozen
 ) -> CollectionInfo:
     """Create an empty collection, with a lexical index of its text unless `lexical_index` is
-    False. Raises AlreadyExists if (tenant, name) is taken."""
+    False, and `chunking` recorded (the server splits by it). Raises AlreadyExists if
+    (tenant, name) is taken."""
     ctx.check_open()
     check_name(name)
     if not isinstance(tenant, str) or not tenant:
@@ -42,7 +44,7 @@ def create(
         with ctx.tx() as c:
             coll_id = repo.insert_collection(
                 c, tenant, ctx.kind, name, dim, metric.value, params, index_type, kind, rparams,
-                embedder, now, bool(lexical_index),
+                embedder, now, bool(lexical_index), chunking_json(chunking),
             )
         coll = Coll(
             id=coll_id,
@@ -61,6 +63,7 @@ def create(
             index=fx.new_index(kind, dim, metric, rparams),
             purpose=ctx.kind,
             lexical=bool(lexical_index),
+            chunking=chunking,
         )
         ctx.register(coll)
     return info(coll)
@@ -83,6 +86,7 @@ def info(coll: Coll) -> CollectionInfo:
     with coll.rw.read():
         ntotal = coll.index.ntotal
         live = coll.live_count
+        items = coll.item_count
         params = coll.rparams if coll.kind == coll.index_type else coll.params
         return CollectionInfo(
             name=coll.name,
@@ -92,11 +96,13 @@ def info(coll: Coll) -> CollectionInfo:
             index_type=coll.index_type,
             embedder=coll.embedder,
             generation=coll.generation,
-            count=live,
+            count=items,
             tombstones=max(0, ntotal - live),
             params=params,
             created_at=coll.created_at,
             lexical_index=coll.lexical,
+            chunking=coll.chunking,
+            chunks=live,
         )
 
 

@@ -16,7 +16,7 @@ from ragplane.core.storage import storage_error
 from ragplane.index import faiss_index as fx
 from ragplane.index import repository as repo
 from ragplane.index.context import Context
-from ragplane.index.state import Coll, params_from
+from ragplane.index.state import Coll, chunking_from, params_from
 from ragplane.index.types import IndexParams, IndexType, Kind, Metric
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ def recover(ctx: Context) -> None:
             dir=ctx.idx_dir / str(row[0]),
             purpose=Kind(row[10]),
             lexical=bool(row[11]),
+            chunking=chunking_from(row[12]),
         )
         keep_dirs.add(coll.dir.name)
         _clean_generation_files(ctx, coll)
@@ -69,11 +70,12 @@ def load_active(ctx: Context, coll: Coll) -> None:
     kind, rparams = repo.generation_build(conn, coll.id, coll.generation)
     coll.kind, coll.rparams = kind, rparams
     coll.index = index_from_store(conn, coll, coll.generation, kind, rparams)
-    seqs, ids, top = repo.live_ids(conn, coll.id)
+    seqs, ids, tails, top = repo.live_ids(conn, coll.id)
     coll.live = fx.LiveBits(int(seqs.max()) + 1 if seqs.size else 1024)
     coll.live_count = 0
     coll.seq_to_id = {}
-    coll.mark_live(seqs, ids)
+    coll.tails = set()
+    coll.mark_live(seqs, ids, tails)
     coll.indexed_seq = top
 
 

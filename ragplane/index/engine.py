@@ -39,6 +39,7 @@ from ragplane.index.progress import RebuildProgress
 from ragplane.index.state import Coll
 from ragplane.index.store import init_schema
 from ragplane.index.types import (
+    Chunking,
     CollectionInfo,
     Filter,
     Fusion,
@@ -144,11 +145,14 @@ class Engine:
         embedder: str,
         params: IndexParams = IndexParams(),  # noqa: B008 - frozen
         lexical_index: bool = True,
+        chunking: Chunking = Chunking(),  # noqa: B008 - frozen
     ) -> CollectionInfo:
         """Create an empty collection, with a lexical (FTS5) index of its item text unless
-        `lexical_index` is False. Raises AlreadyExists if (tenant, name) is taken."""
+        `lexical_index` is False; `chunking` is recorded for the server, which splits by it.
+        Raises AlreadyExists if (tenant, name) is taken."""
         return catalog.create(
-            self._ctx, tenant, name, dim, metric, index_type, embedder, params, lexical_index
+            self._ctx, tenant, name, dim, metric, index_type, embedder, params, lexical_index,
+            chunking,
         )
 
     def delete_collection(self, tenant: str, name: str) -> None:
@@ -231,15 +235,19 @@ class Engine:
         filter: Filter | None = None,
         include_text: bool = False,
         include_metadata: bool = False,
+        chunks_per_hit: int = 1,
     ) -> list[SearchResult]:
-        """Nearest live items to each row of `queries` ([n, dim] or [dim]), best first.
+        """Nearest live items to each row of `queries` ([n, dim] or [dim]), best first; an
+        item split into chunks ranks by its best chunk and its hit carries its best
+        `chunks_per_hit` chunks (`Hit.chunks`, offsets into its text).
 
         One FAISS call serves all rows. Scores are higher-is-better for every metric
         (l2: negative squared distance). With a filter, results fill `top_k` whenever that
         many live items match; `exhaustive` says whether the result is exact.
         """
         return search.search(
-            self._ctx, tenant, name, queries, top_k, filter, include_text, include_metadata
+            self._ctx, tenant, name, queries, top_k, filter, include_text, include_metadata,
+            chunks_per_hit,
         )
 
     def search_lexical(
@@ -252,11 +260,13 @@ class Engine:
         filter: Filter | None = None,
         include_text: bool = False,
         include_metadata: bool = False,
+        chunks_per_hit: int = 1,
     ) -> SearchResult:
         """The live items best matching the words of `text` by BM25, best first (exact).
         FailedPrecondition when the collection has no lexical index."""
         return hybrid.search_lexical(
-            self._ctx, tenant, name, text, top_k, filter, include_text, include_metadata
+            self._ctx, tenant, name, text, top_k, filter, include_text, include_metadata,
+            chunks_per_hit,
         )
 
     def search_hybrid(
@@ -271,12 +281,14 @@ class Engine:
         filter: Filter | None = None,
         include_text: bool = False,
         include_metadata: bool = False,
+        chunks_per_hit: int = 1,
     ) -> SearchResult:
         """The dense ranking of `vector` (the embedding of `text`) and the lexical ranking
-        of `text`, fused; each hit carries its dense, lexical and fused scores."""
+        of `text`, fused per chunk, then per item; each hit carries its dense, lexical and
+        fused scores (its best chunk's)."""
         return hybrid.search_hybrid(
             self._ctx, tenant, name, text, vector, top_k, fusion, filter, include_text,
-            include_metadata,
+            include_metadata, chunks_per_hit,
         )
 
     # ------------------------------------------------------------------ generations

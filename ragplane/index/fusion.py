@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ragplane.core.errors import InvalidArgument
 from ragplane.index.types import Fusion, FusionMethod
@@ -31,7 +32,7 @@ class Fused:
     """One fused candidate. `dense` / `lexical` are its scores in the two input rankings,
     None where it was not among that ranking's candidates; ranks likewise (from 1)."""
 
-    id: str
+    id: Any  # what the caller ranked by: an item id, or (item id, seq) for chunks
     score: float
     dense: float | None
     lexical: float | None

@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 
 from ragplane.core.errors import FailedPrecondition, NotFound
-from ragplane.index import lexical
+from ragplane.index import chunks, lexical
 from ragplane.index import repository as repo
 from ragplane.index import search as dense_search
 from ragplane.index.context import Context
 from ragplane.index.filters import compile_filter
 from ragplane.index.fts_query import match_expression, query_terms
-from ragplane.index.fusion import check, fuse
+from ragplane.index.fusion import Fused, check, fuse
 from ragplane.index.state import Coll
 from ragplane.index.types import Filter, Fusion, Hit, Metric, SearchResult
 from ragplane.index.validate import MAX_TOP_K, check_top_k, query_vectors
@@ -87,22 +87,37 @@ def search_lexical(
     filter: Filter | None,
     include_text: bool,
     include_metadata: bool,
+    chunks_per_hit: int = 1,
 ) -> SearchResult:
-    """The `top_k` live items best matching the words of `text` by BM25, best first."""
+    """The `top_k` live items best matching the words of `text` by BM25, best first; an item
+    split into chunks ranks by its best chunk (BM25 scores chunks: the lexical index holds
+    them)."""
     coll = _lexical_coll(ctx, tenant, name)
     k = check_top_k(top_k)
-    rows = _ranked(ctx, coll, text, k, filter)
-    extra = _extras(ctx, [r[0] for r in rows], include_text, include_metadata)
-    hits = [
-        Hit(
-            id=item_id,
-            score=s,
-            text=extra.get(seq, ("", {}))[0],
-            metadata=extra.get(seq, ("", {}))[1],
-            lexical=s,
-        )
-        for seq, item_id, s in rows
-    ]
+    per_hit = chunks.check_chunks_per_hit(chunks_per_hit)
+    if not (coll.chunking.enabled or coll.split):
+        rows = _ranked(ctx, coll, text, k, filter)
+        extra = _extras(ctx, [r[0] for r in rows], include_text, include_metadata)
+        hits = [
+            Hit(id=item_id, score=s, text=extra.get(seq, ("", {}))[0],
+                metadata=extra.get(seq, ("", {}))[1], lexical=s)
+            for seq, item_id, s in rows
+        ]
+        return SearchResult(hits=hits, returned_k=len(hits), exhaustive=True)
+    groups: list = []
+    for depth in chunks.depths(k, per_hit, coll.live_count):
+        rows = _ranked(ctx, coll, text, depth, filter)
+        groups = chunks.group(rows, k, per_hit)
+        if len(groups) >= k or len(rows) < depth:
+            break
+    passages, extra = chunks.passages(
+        ctx.reader(), [g for _, g in groups], include_text, include_metadata, include_text
+    )
+    hits = []
+    for (item_id, g), ch in zip(groups, passages, strict=True):
+        text_, md = extra.get(g[0][0], ("", {}))
+        hits.append(Hit(id=item_id, score=g[0][1], text=text_, metadata=md, lexical=g[0][1],
+                        chunks=ch))
     return SearchResult(hits=hits, returned_k=len(hits), exhaustive=True)
 
 
@@ -117,6 +132,31 @@ def _extras(
     }
 
 
+def _fused_rows(
+    ctx: Context, coll: Coll, text: str, q: np.ndarray, k: int, per_hit: int, fusion: Fusion,
+    filter: Filter | None,
+) -> tuple[list, dict[int, Fused], bool]:
+    """Both rankings of rows (chunks), fused per row, then grouped per item: the first `k`
+    items with their best `per_hit` rows, each row's Fused, and whether the dense ranking
+    was exact. Rows are read deeper until `k` items come out or the rankings run dry."""
+    grouped = coll.chunking.enabled or coll.split
+    depths = chunks.depths(candidates(k), per_hit, coll.live_count) if grouped else [candidates(k)]
+    groups: list = []
+    by_seq: dict[int, Fused] = {}
+    exhaustive = True
+    for n in depths:
+        dense, exhaustive = dense_search.ranked_rows(ctx, coll, q, n, filter)
+        lex = _ranked(ctx, coll, text, n, filter)
+        # keyed (item id, seq): rows are fused one by one, ties broken by item id as before
+        fused = fuse([((i, s), d) for s, i, d in dense], [((i, s), x) for s, i, x in lex],
+                     fusion, len(dense) + len(lex))
+        by_seq = {f.id[1]: f for f in fused}
+        groups = chunks.group([(f.id[1], f.id[0], f.score) for f in fused], k, per_hit)
+        if len(groups) >= k or (len(dense) < n and len(lex) < n):
+            break
+    return groups, by_seq, exhaustive
+
+
 def search_hybrid(
     ctx: Context,
     tenant: str,
@@ -128,48 +168,54 @@ def search_hybrid(
     filter: Filter | None,
     include_text: bool,
     include_metadata: bool,
+    chunks_per_hit: int = 1,
 ) -> SearchResult:
     """The `top_k` live items best by the fusion of the dense ranking of `vector` (the
-    embedding of `text`) and the lexical ranking of `text`."""
+    embedding of `text`) and the lexical ranking of `text`: fused per chunk, then each item
+    by its best chunk, whose dense, lexical and fused scores the hit reports."""
     coll = _lexical_coll(ctx, tenant, name)
     k = check_top_k(top_k)
+    per_hit = chunks.check_chunks_per_hit(chunks_per_hit)
     check(fusion)
     q = query_vectors(vector, coll.dim, coll.metric, coll.name)[0]
-    n = candidates(k)
-    match = match_expression(text)
-    dense = dense_search.search(ctx, tenant, name, q, n, filter, False, False)[0]
-    lex = _ranked(ctx, coll, text, n, filter)
-    fused = fuse([(h.id, h.score) for h in dense.hits], [(i, s) for _, i, s in lex], fusion, k)
-    if not fused:
-        return SearchResult(hits=(), returned_k=0, exhaustive=dense.exhaustive)
+    groups, by_seq, exhaustive = _fused_rows(ctx, coll, text, q, k, per_hit, fusion, filter)
+    if not groups:
+        return SearchResult(hits=(), returned_k=0, exhaustive=exhaustive)
     conn = ctx.reader()
-    rows = {r[0]: r for r in repo.items_by_id(conn, coll.id, [f.id for f in fused], True)}
-    unscored = [f.id for f in fused if f.lexical is None]
-    lexical_of = lexical.scores_of_ids(conn, coll.id, match, unscored) if match and unscored else {}
+    best = [g[0][0] for _, g in groups]
+    dense_of = _dense_scores(conn, coll, q, [s for s in best if by_seq[s].dense is None])
+    match = match_expression(text)
+    unscored = [s for s in best if by_seq[s].lexical is None]
+    lexical_of = (
+        lexical.scores_of_seqs(conn, coll.id, match, unscored) if match and unscored else {}
+    )
+    passages, extra = chunks.passages(conn, [g for _, g in groups], include_text, True,
+                                      include_text)
     hits = []
-    for f in fused:
-        row = rows.get(f.id)
-        if row is None:  # deleted since it was ranked
+    for (item_id, g), ch in zip(groups, passages, strict=True):
+        seq, f = g[0][0], by_seq[g[0][0]]
+        if seq not in extra:  # deleted since it was ranked
             continue
-        d = f.dense if f.dense is not None else _score(coll.metric, row[3], q)
-        lx = f.lexical if f.lexical is not None else lexical_of.get(f.id, 0.0)
-        hits.append(
-            Hit(
-                id=f.id,
-                score=f.score,
-                text=row[1] if include_text else "",
-                metadata=json.loads(row[2]) if include_metadata else {},
-                dense=d,
-                lexical=lx,
-                fused=f.score,
-            )
-        )
-    return SearchResult(hits=hits, returned_k=len(hits), exhaustive=dense.exhaustive)
+        text_, md = extra[seq]
+        d = f.dense if f.dense is not None else dense_of.get(seq, 0.0)
+        lx = f.lexical if f.lexical is not None else lexical_of.get(seq, 0.0)
+        hits.append(Hit(id=item_id, score=f.score, text=text_,
+                        metadata=md if include_metadata else {}, dense=d, lexical=lx,
+                        fused=f.score, chunks=ch))
+    return SearchResult(hits=hits, returned_k=len(hits), exhaustive=exhaustive)
 
 
-def _score(metric: Metric, blob: bytes, q: np.ndarray) -> float:
+def _dense_scores(conn: sqlite3.Connection, coll: Coll, q: np.ndarray, seqs: list[int]
+                  ) -> dict[int, float]:
+    """Dense scores of rows only the lexical ranking found, from their stored vectors."""
+    if not seqs:
+        return {}
+    found, vecs = repo.vectors_of(conn, np.asarray(seqs, dtype=np.int64), coll.dim)
+    return {int(s): _score_vec(coll.metric, v, q) for s, v in zip(found, vecs, strict=True)}
+
+
+def _score_vec(metric: Metric, v: np.ndarray, q: np.ndarray) -> float:
     """The dense score of a stored vector, as FAISS reports it (higher is better)."""
-    v = np.frombuffer(blob, dtype=np.float32)
     if metric == Metric.L2:
         return -float(np.sum((v - q) ** 2))
     return float(v @ q)

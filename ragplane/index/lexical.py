@@ -141,20 +141,15 @@ def ranked(
     ).fetchall()
 
 
-def scores_of_ids(c: Conn, coll_id: int, match: str, ids: Sequence[str]) -> dict[str, float]:
-    """The score of each live item of `ids` that matches `match`; the others contain no
-    query word. One lookup per item: FTS5 seeks a `rowid =` constraint, where a join or an
-    IN list would score every matching item first."""
+def scores_of_seqs(c: Conn, coll_id: int, match: str, seqs: Sequence[int]) -> dict[int, float]:
+    """The score of each row of `seqs` (a chunk, or an unsplit item) that matches `match`;
+    the others contain no query word. One lookup per row: FTS5 seeks a `rowid =`
+    constraint, where a join or an IN list would score every matching row first."""
     t = table(coll_id)
-    seqs = c.execute(
-        "SELECT seq, item_id FROM items INDEXED BY items_live_id WHERE coll_id = ? "
-        "AND deleted = 0 AND item_id IN (SELECT value FROM json_each(?))",
-        (coll_id, json.dumps(list(ids))),
-    ).fetchall()
     sql = f"SELECT -bm25({t}) FROM {t} WHERE {t} MATCH ? AND rowid = ?"
     out = {}
-    for seq, item_id in seqs:
+    for seq in seqs:
         row = c.execute(sql, (match, seq)).fetchone()
         if row is not None:
-            out[item_id] = row[0]
+            out[seq] = row[0]
     return out

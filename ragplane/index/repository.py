@@ -43,20 +43,20 @@ def fail_unfinished_builds(c: Conn) -> None:
 def collection_rows(c: Conn) -> list[tuple]:
     return c.execute(
         "SELECT id, tenant, name, dim, metric, index_type, embedder, params, generation, "
-        "created_at, kind, lexical FROM collections"
+        "created_at, kind, lexical, chunking FROM collections"
     ).fetchall()
 
 
 def insert_collection(
     c: Conn, tenant: str, purpose: str, name: str, dim: int, metric: str, requested: IndexParams,
     index_type: IndexType, kind: IndexType, resolved: IndexParams, embedder: str, now: float,
-    with_lexical: bool,
+    with_lexical: bool, chunking: str,
 ) -> int:
     coll_id = c.execute(
         "INSERT INTO collections (tenant, kind, name, dim, metric, index_type, embedder, params, "
-        "generation, created_at, lexical) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)",
+        "generation, created_at, lexical, chunking) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?)",
         (tenant, purpose, name, dim, metric, index_type.value, embedder, params_json(requested),
-         now, int(with_lexical)),
+         now, int(with_lexical), chunking),
     ).lastrowid
     if with_lexical:
         lexical.create(c, int(coll_id))
@@ -73,6 +73,8 @@ def insert_collection(
 
 
 def delete_collection(c: Conn, coll_id: int) -> None:
+    c.execute("DELETE FROM item_text WHERE seq IN (SELECT seq FROM items WHERE coll_id = ?)",
+              (coll_id,))
     for table in ("items", "generations", "staged_vectors", "prev_vectors"):
         c.execute(f"DELETE FROM {table} WHERE coll_id = ?", (coll_id,))
     c.execute("DELETE FROM collections WHERE id = ?", (coll_id,))
@@ -235,7 +237,13 @@ def roll_back(c: Conn, coll_id: int, cur: int, prev: tuple) -> None:
 
 
 def purge_deleted(c: Conn, coll_id: int) -> int:
-    """Drop tombstoned rows (and their rollback copies); returns how many rows went."""
+    """Drop tombstoned rows (and their rollback copies and whole texts); returns how many
+    rows went."""
+    c.execute(
+        "DELETE FROM item_text WHERE seq IN "
+        "(SELECT seq FROM items WHERE coll_id = ? AND deleted = 1)",
+        (coll_id,),
+    )
     c.execute(
         "DELETE FROM prev_vectors WHERE coll_id = ? AND seq IN "
         "(SELECT seq FROM items WHERE coll_id = ? AND deleted = 1)",
@@ -248,10 +256,15 @@ def purge_deleted(c: Conn, coll_id: int) -> int:
 # ------------------------------------------------------------------ items: writes
 
 
-def replace_items(c: Conn, coll_id: int, rows: Sequence[tuple[str, str, str]], mat: np.ndarray,
+# A row as written: (item id, chunk, c_start, c_end, text embedded, metadata JSON, the item's
+# whole text when it was split into several chunks (on chunk 0 only), else None)
+Row = tuple[str, int, int, int, str, str, "str | None"]
+
+
+def replace_items(c: Conn, coll_id: int, rows: Sequence[Row], mat: np.ndarray,
                   with_lexical: bool) -> tuple[list[int], np.ndarray]:
-    """Tombstone the live rows of these ids and insert new ones (and, `with_lexical`, keep
-    the collection's lexical index in step, in the same transaction).
+    """Tombstone the live rows (every chunk) of these ids and insert new ones (and, with
+    `with_lexical`, keep the collection's lexical index in step, in the same transaction).
 
     Returns (tombstoned seqs, new seqs in row order)."""
     old = c.execute(
@@ -259,47 +272,54 @@ def replace_items(c: Conn, coll_id: int, rows: Sequence[tuple[str, str, str]], m
         "UPDATE items INDEXED BY items_live_id SET deleted = 1 "
         "WHERE coll_id = ? AND deleted = 0 AND item_id IN "
         "(SELECT value FROM json_each(?)) RETURNING seq, text",
-        (coll_id, json.dumps([r[0] for r in rows])),
+        (coll_id, json.dumps(sorted({r[0] for r in rows}))),
     ).fetchall()
     seqs = np.empty(len(rows), dtype=np.int64)
-    ins = "INSERT INTO items (coll_id, item_id, vector, text, metadata) VALUES (?, ?, ?, ?, ?)"
-    for i, (item_id, text, md) in enumerate(rows):
-        seqs[i] = c.execute(ins, (coll_id, item_id, mat[i].tobytes(), text, md)).lastrowid
+    ins = ("INSERT INTO items (coll_id, item_id, vector, text, metadata, chunk, c_start, c_end) "
+           "VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+    for i, (item_id, chunk, start, end, text, md, whole) in enumerate(rows):
+        seqs[i] = c.execute(
+            ins, (coll_id, item_id, mat[i].tobytes(), text, md, chunk, start, end)
+        ).lastrowid
+        if whole is not None:
+            c.execute("INSERT INTO item_text (seq, text) VALUES (?, ?)", (int(seqs[i]), whole))
     if with_lexical:
         lexical.remove(c, coll_id, old)
-        lexical.add(c, coll_id, zip(seqs.tolist(), (r[1] for r in rows), strict=True))
+        lexical.add(c, coll_id, zip(seqs.tolist(), (r[4] for r in rows), strict=True))
     return [s for s, _ in old], seqs
 
 
 def tombstone(c: Conn, coll_id: int, where: str, args: Sequence[Any], by_id: bool,
-              with_lexical: bool) -> list[int]:
+              with_lexical: bool) -> tuple[list[int], int]:
     """Mark the live rows matching `where` deleted (and, `with_lexical`, unindex their text);
-    returns their seqs."""
+    returns their seqs and how many items they were (every chunk of an item carries its
+    id and metadata, so a filter takes all of an item's chunks or none)."""
     table = "items INDEXED BY items_live_id" if by_id else "items"
     rows = c.execute(
         f"UPDATE {table} SET deleted = 1 WHERE coll_id = ? AND deleted = 0 AND "
-        f"({where}) RETURNING seq, text",
+        f"({where}) RETURNING seq, text, chunk",
         [coll_id, *args],
     ).fetchall()
     if with_lexical:
-        lexical.remove(c, coll_id, rows)
-    return [s for s, _ in rows]
+        lexical.remove(c, coll_id, [(s, t) for s, t, _ in rows])
+    return [r[0] for r in rows], sum(1 for r in rows if r[2] == 0)
 
 
 # ------------------------------------------------------------------ items: reads
 
 
-def live_ids(c: Conn, coll_id: int) -> tuple[np.ndarray, list[str], int]:
-    """(live seqs, their item ids, the highest seq ever written) of a collection."""
+def live_ids(c: Conn, coll_id: int) -> tuple[np.ndarray, list[str], list[int], int]:
+    """(live seqs, their item ids, the seqs of chunks past an item's first, the highest seq
+    ever written) of a collection."""
     live = c.execute(
-        "SELECT seq, item_id FROM items WHERE coll_id = ? AND deleted = 0 ORDER BY seq",
+        "SELECT seq, item_id, chunk FROM items WHERE coll_id = ? AND deleted = 0 ORDER BY seq",
         (coll_id,),
     ).fetchall()
     seqs = np.fromiter((r[0] for r in live), dtype=np.int64, count=len(live))
     (top,) = c.execute(
         "SELECT COALESCE(MAX(seq), 0) FROM items WHERE coll_id = ?", (coll_id,)
     ).fetchone()
-    return seqs, [r[1] for r in live], int(top)
+    return seqs, [r[1] for r in live], [r[0] for r in live if r[2]], int(top)
 
 
 def iter_vectors(
@@ -350,21 +370,27 @@ def count_live(c: Conn, coll_id: int, upto: int) -> int:
     return int(n)
 
 
+# An item's whole text: its own row's, or item_text's when it was split.
+_WHOLE = "COALESCE((SELECT t.text FROM item_text t WHERE t.seq = items.seq), items.text)"
+
+
 def items_by_id(c: Conn, coll_id: int, ids: Sequence[str], vectors: bool) -> list[tuple]:
-    """(item_id, text, metadata JSON[, vector]) of the live rows of `ids`, in no order."""
-    cols = "item_id, text, metadata" + (", vector" if vectors else "")
+    """(item_id, whole text, metadata JSON[, vector of chunk 0]) of the live items of `ids`,
+    in no order."""
+    cols = f"item_id, {_WHOLE}, metadata" + (", vector" if vectors else "")
     return c.execute(
-        f"SELECT {cols} FROM items INDEXED BY items_live_id "
-        "WHERE coll_id = ? AND deleted = 0 AND item_id IN (SELECT value FROM json_each(?))",
+        f"SELECT {cols} FROM items INDEXED BY items_live_id WHERE coll_id = ? AND deleted = 0 "
+        "AND chunk = 0 AND item_id IN (SELECT value FROM json_each(?))",
         (coll_id, json.dumps(list(ids))),
     ).fetchall()
 
 
 def items_page(c: Conn, coll_id: int, after: int, limit: int) -> list[tuple]:
-    """(seq, item_id, vector, text, metadata JSON) of live rows after `after`, in seq order."""
+    """(seq, item_id, vector of chunk 0, whole text, metadata JSON) of live items after
+    `after`, in seq order."""
     return c.execute(
-        "SELECT seq, item_id, vector, text, metadata FROM items "
-        "WHERE coll_id = ? AND deleted = 0 AND seq > ? ORDER BY seq LIMIT ?",
+        f"SELECT seq, item_id, vector, {_WHOLE}, metadata FROM items "
+        "WHERE coll_id = ? AND deleted = 0 AND chunk = 0 AND seq > ? ORDER BY seq LIMIT ?",
         (coll_id, after, limit),
     ).fetchall()
 
@@ -377,8 +403,8 @@ def page_by(
     the metadata value at JSON `path`, then id, starting after `after` = (value, id)."""
     key = "json_extract(metadata, ?)"
     sql = (
-        "SELECT item_id, text, metadata FROM items "
-        f"WHERE coll_id = ? AND deleted = 0 AND ({where})"
+        f"SELECT item_id, {_WHOLE}, metadata FROM items "
+        f"WHERE coll_id = ? AND deleted = 0 AND chunk = 0 AND ({where})"
     )
     params: list[Any] = [coll_id, *args]
     if after is not None:
@@ -398,8 +424,34 @@ def matching_seqs(c: Conn, coll_id: int, where: str, args: Sequence[Any]) -> np.
 
 
 def texts_of(c: Conn, seqs: Sequence[int]) -> Iterator[tuple[int, str, str]]:
-    """(seq, text, metadata JSON) of `seqs`."""
+    """(seq, text, metadata JSON) of `seqs`: the text embedded (the chunk's)."""
     yield from c.execute(
         "SELECT seq, text, metadata FROM items WHERE seq IN (SELECT value FROM json_each(?))",
         (json.dumps(list(seqs)),),
     )
+
+
+def hit_rows(c: Conn, seqs: Sequence[int], whole: bool) -> Iterator[tuple]:
+    """(seq, chunk, c_start, c_end, chunk text, metadata JSON, the item's whole text or '')
+    of `seqs`; the whole text only when asked for (it may be megabytes), and '' when the
+    item was replaced or deleted since."""
+    full = (
+        "COALESCE((SELECT COALESCE(t.text, h.text) FROM items h INDEXED BY items_live_id "
+        "LEFT JOIN item_text t ON t.seq = h.seq WHERE h.coll_id = i.coll_id "
+        "AND h.item_id = i.item_id AND h.chunk = 0 AND h.deleted = 0), '')"
+        if whole else "''"
+    )
+    yield from c.execute(
+        f"SELECT i.seq, i.chunk, i.c_start, i.c_end, i.text, i.metadata, {full} FROM items i "
+        "WHERE i.seq IN (SELECT value FROM json_each(?))",
+        (json.dumps(list(seqs)),),
+    )
+
+
+def item_seqs(c: Conn, coll_id: int, ids: Sequence[str]) -> list[tuple[int, str]]:
+    """(seq, item id) of every live chunk of the items `ids`."""
+    return c.execute(
+        "SELECT seq, item_id FROM items INDEXED BY items_live_id WHERE coll_id = ? "
+        "AND deleted = 0 AND item_id IN (SELECT value FROM json_each(?))",
+        (coll_id, json.dumps(list(ids))),
+    ).fetchall()

@@ -13,6 +13,7 @@ import faiss
 import numpy as np
 
 from ragplane.core.errors import NotFound
+from ragplane.index import chunks
 from ragplane.index import faiss_index as fx
 from ragplane.index import repository as repo
 from ragplane.index.context import Context
@@ -34,20 +35,21 @@ RawHits = list[list[tuple[int, str, float]]]  # per query: (seq, item id, score)
 if "__dict__" in dir(Hit) and not hasattr(Hit, "__slots__"):
     _new = object.__new__
 
-    def _hit(item_id: str, score: float, text: str, metadata: Any) -> Hit:
+    def _hit(item_id: str, score: float, text: str, metadata: Any, passages: Any = ()) -> Hit:
         # Hit is a frozen dataclass, whose __init__ (object.__setattr__ per field) costs
         # ~3x this; searches build up to top_k of them per query.
         h = _new(Hit)
         h.__dict__.update(
             id=item_id, score=score, text=text, metadata=metadata, dense=score, lexical=None,
-            fused=None,
+            fused=None, chunks=passages,
         )
         return h
 
 else:  # pragma: no cover - if Hit ever gains __slots__
 
-    def _hit(item_id: str, score: float, text: str, metadata: Any) -> Hit:
-        return Hit(id=item_id, score=score, text=text, metadata=metadata, dense=score)
+    def _hit(item_id: str, score: float, text: str, metadata: Any, passages: Any = ()) -> Hit:
+        return Hit(id=item_id, score=score, text=text, metadata=metadata, dense=score,
+                   chunks=passages)
 
 
 def _mask_lookup(mask: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
@@ -61,15 +63,17 @@ def _mask_lookup(mask: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
 
 def search(
     ctx: Context, tenant: str, name: str, queries: Any, top_k: int, filter: Filter | None,
-    include_text: bool, include_metadata: bool,
+    include_text: bool, include_metadata: bool, chunks_per_hit: int = 1,
 ) -> list[SearchResult]:
-    """Nearest live items to each row of `queries` ([n, dim] or [dim]), best first.
+    """Nearest live items to each row of `queries` ([n, dim] or [dim]), best first; an
+    item ranks by its best chunk and carries its best `chunks_per_hit` chunks.
 
     One FAISS call serves all rows. With a filter, results fill `top_k` whenever that many
     live items match; `exhaustive` says whether the result is exact.
     """
     coll = ctx.get(tenant, name)
     k = check_top_k(top_k)
+    per_hit = chunks.check_chunks_per_hit(chunks_per_hit)
     q = query_vectors(queries, coll.dim, coll.metric, coll.name)
     found = None
     if filter is not None and not filter.is_empty():
@@ -79,6 +83,11 @@ def search(
     with coll.rw.read():
         if coll.dropped:
             raise NotFound(f"collection {name!r} was deleted")
+        if coll.chunking.enabled or coll.split:
+            planned = _run_items(ctx, coll, q, k, found, per_hit)
+            if planned is None:
+                return [SearchResult(hits=(), returned_k=0, exhaustive=True) for _ in q]
+            return _item_results(ctx, *planned, include_text, include_metadata)
         planned = _run(ctx, coll, q, k, found)
     if planned is None:
         return [SearchResult(hits=(), returned_k=0, exhaustive=True) for _ in range(len(q))]
@@ -92,6 +101,60 @@ def search(
             hl = [_hit(i, s, "", {}) for _, i, s in hits]
         row_exact = exhaustive or row in exact_rows
         out.append(SearchResult(hits=hl, returned_k=len(hl), exhaustive=bool(row_exact)))
+    return out
+
+
+def ranked_rows(
+    ctx: Context, coll: Coll, q: np.ndarray, depth: int, filter: Filter | None
+) -> tuple[list[tuple[int, str, float]], bool]:
+    """The best `depth` live rows (chunks) for the one query `q` ([dim], prepared), as
+    (seq, item id, score), and whether the ranking is exact: hybrid search's dense side."""
+    found = None
+    if filter is not None and not filter.is_empty():
+        found = matching(ctx, coll, filter)
+    with coll.rw.read():
+        if coll.dropped:
+            raise NotFound(f"collection {coll.name!r} was deleted")
+        planned = _run(ctx, coll, q[None, :], depth, found)
+    if planned is None:
+        return [], True
+    raw, exhaustive, exact_rows = planned
+    return raw[0], bool(exhaustive or 0 in exact_rows)
+
+
+def _run_items(
+    ctx: Context, coll: Coll, q: np.ndarray, k: int, found: np.ndarray | None, per_hit: int
+) -> tuple[list, bool, set[int]] | None:
+    """`_run` for items of several chunks: rows read deep enough to hold `k` items per query
+    (or every candidate row), then grouped by item. Called under `rw` (read)."""
+    n_rows = coll.live_count if found is None else int(np.count_nonzero(coll.live.contains(found)))
+    planned = None
+    for depth in chunks.depths(k, per_hit, n_rows):
+        planned = _run(ctx, coll, q, depth, found)
+        if planned is None:
+            return None
+        groups = [chunks.group(raw, k, per_hit) for raw in planned[0]]
+        if depth >= n_rows or all(len(g) >= k for g in groups):
+            return groups, planned[1], planned[2]
+    return None
+
+
+def _item_results(
+    ctx: Context, groups: list, exhaustive: bool, exact_rows: set[int], include_text: bool,
+    include_metadata: bool,
+) -> list[SearchResult]:
+    out = []
+    conn = ctx.reader()
+    for row, items in enumerate(groups):
+        passages, extra = chunks.passages(
+            conn, [g for _, g in items], include_text, include_metadata, include_text
+        )
+        hits = []
+        for (item_id, g), ch in zip(items, passages, strict=True):
+            text, md = extra.get(g[0][0], ("", {}))
+            hits.append(_hit(item_id, g[0][1], text, md, ch))
+        out.append(SearchResult(hits=hits, returned_k=len(hits),
+                                exhaustive=bool(exhaustive or row in exact_rows)))
     return out
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ragplane.core.errors import FailedPrecondition
 from ragplane.index import faiss_index as fx
-from ragplane.index.types import IndexParams, IndexType, Kind, Metric
+from ragplane.index.types import Chunking, IndexParams, IndexType, Kind, Metric, Splitter
 
 
 class RWLock:
@@ -80,6 +80,7 @@ class Coll:
     kind: IndexType = IndexType.FLAT  # what the FAISS index is
     purpose: Kind = Kind.COLLECTION  # which namespace of the tenant the name lives in
     lexical: bool = True  # keeps an FTS5 index of item text (index.lexical)
+    chunking: Chunking = field(default_factory=Chunking)
     rparams: IndexParams = field(default_factory=IndexParams)  # resolved for `kind`
     index: Any = None
     indexed_seq: int = 0  # every committed row of this collection up to here is indexed
@@ -87,6 +88,8 @@ class Coll:
     live: fx.LiveBits = field(default_factory=fx.LiveBits)
     live_count: int = 0
     seq_to_id: dict[int, str] = field(default_factory=dict)
+    # live seqs of chunks past an item's first: live items = live_count - len(tails)
+    tails: set[int] = field(default_factory=set)
     rw: RWLock = field(default_factory=RWLock)
     write_mutex: threading.Lock = field(default_factory=threading.Lock)
     maint_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -100,11 +103,13 @@ class Coll:
     cache_lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- called with rw held for writing --
-    def mark_live(self, seqs: np.ndarray, ids: Sequence[str]) -> None:
+    def mark_live(self, seqs: np.ndarray, ids: Sequence[str], tails: Sequence[int] = ()) -> None:
+        """`tails`: those of `seqs` that are chunks past their item's first."""
         if seqs.size:
             self.live.add(seqs)
             self.seq_to_id.update(zip(seqs.tolist(), ids, strict=True))
             self.live_count += int(seqs.size)
+            self.tails.update(tails)
             self._live_sel = None
             self.version += 1
 
@@ -113,7 +118,19 @@ class Coll:
         if gone:
             self.live.discard(np.asarray(gone, dtype=np.int64))
             self.live_count -= len(gone)
+            if self.tails:
+                self.tails.difference_update(gone)
         self._live_sel = None
+
+    # -- called with rw held (either mode) --
+    @property
+    def item_count(self) -> int:
+        return self.live_count - len(self.tails)
+
+    @property
+    def split(self) -> bool:
+        """Whether some live item has several chunks (searches then group rows by item)."""
+        return bool(self.tails)
 
     # -- called with rw held (either mode) --
     def live_selector(self) -> fx.BitmapSelector:
@@ -135,6 +152,20 @@ class Coll:
             yield
         finally:
             self.maint_lock.release()
+
+
+def chunking_json(ch: Chunking) -> str:
+    return json.dumps(asdict(ch), sort_keys=True) if ch.enabled else ""
+
+
+def chunking_from(s: str) -> Chunking:
+    if not s:
+        return Chunking()
+    d = json.loads(s)
+    return Chunking(
+        enabled=bool(d["enabled"]), max_tokens=int(d["max_tokens"]),
+        overlap_tokens=int(d["overlap_tokens"]), splitter=Splitter(d["splitter"]),
+    )
 
 
 def params_json(p: IndexParams) -> str:

@@ -1,8 +1,15 @@
 """The SQLite schema: the source of truth for collections and items.
 
-`items.seq` (AUTOINCREMENT, never reused) is the FAISS id of an item's vector and the rowid
+`items` holds one row per vector: an item is one row, or one row per chunk when its text
+was split (`chunk` 0, 1, ...; `c_start`/`c_end` its offsets in the item's text, in code
+points; `c_end` -1 for a row covering the whole text in a collection without chunking).
+Every row of an item carries its id and metadata, so filters apply per row; its `text` is
+what was embedded and what the lexical index holds: the chunk's text. The whole text of a
+split item lives once, in `item_text`, keyed by the seq of its chunk 0.
+
+`items.seq` (AUTOINCREMENT, never reused) is the FAISS id of a row's vector and the rowid
 of its text in the collection's lexical index (`ragplane.index.lexical`). An upsert
-of an existing id tombstones the old row (`deleted = 1`) and inserts a new one, so every
+of an existing id tombstones the old rows (`deleted = 1`) and inserts new ones, so every
 vector a FAISS index holds stays addressable until a compaction drops tombstoned rows.
 """
 
@@ -28,6 +35,7 @@ CREATE TABLE IF NOT EXISTS collections (
     generation  INTEGER NOT NULL,   -- the active generation
     created_at  REAL    NOT NULL,
     lexical     INTEGER NOT NULL DEFAULT 1,  -- keeps lex_<id>, an FTS5 index (index.lexical)
+    chunking    TEXT    NOT NULL DEFAULT '', -- index.types.Chunking as JSON; '' = off
     UNIQUE (tenant, kind, name)
 );
 CREATE TABLE IF NOT EXISTS items (
@@ -37,10 +45,16 @@ CREATE TABLE IF NOT EXISTS items (
     vector    BLOB    NOT NULL,     -- float32 [dim], L2-normalised for cosine collections
     text      TEXT    NOT NULL,
     metadata  TEXT    NOT NULL,     -- JSON object
-    deleted   INTEGER NOT NULL DEFAULT 0
+    deleted   INTEGER NOT NULL DEFAULT 0,
+    chunk     INTEGER NOT NULL DEFAULT 0,   -- position of the chunk in its item
+    c_start   INTEGER NOT NULL DEFAULT 0,   -- the chunk is text[c_start:c_end] of the item
+    c_end     INTEGER NOT NULL DEFAULT -1   -- -1: the whole text (a collection without chunking)
 );
-CREATE UNIQUE INDEX IF NOT EXISTS items_live_id ON items (coll_id, item_id) WHERE deleted = 0;
-CREATE INDEX IF NOT EXISTS items_coll_seq ON items (coll_id, deleted, seq);
+-- The whole text of an item split into several chunks, by the seq of its chunk 0.
+CREATE TABLE IF NOT EXISTS item_text (
+    seq   INTEGER PRIMARY KEY,
+    text  TEXT    NOT NULL
+);
 -- One row per index generation. state: building | active | previous | failed | retired.
 CREATE TABLE IF NOT EXISTS generations (
     coll_id     INTEGER NOT NULL,
@@ -70,7 +84,14 @@ CREATE TABLE IF NOT EXISTS prev_vectors (
 """
 
 
-SCHEMA_VERSION = 2  # PRAGMA user_version of a store this code wrote or upgraded
+# Created after the upgrades: an older store's tables lack the columns until they ran.
+INDEXES = """
+CREATE UNIQUE INDEX IF NOT EXISTS items_live_id ON items (coll_id, item_id, chunk)
+    WHERE deleted = 0;
+CREATE INDEX IF NOT EXISTS items_coll_seq ON items (coll_id, deleted, seq);
+"""
+
+SCHEMA_VERSION = 3  # PRAGMA user_version of a store this code wrote or upgraded
 
 # Version 0 kept memory namespaces as collections of a made-up tenant "memory:<tenant>".
 # Version 1 gives them their own kind; the UNIQUE constraint changes, so SQLite needs the
@@ -129,6 +150,27 @@ def _migrate_v2(conn: sqlite3.Connection) -> None:
         raise
 
 
+def _migrate_v3(conn: sqlite3.Connection) -> None:
+    """Version 3 gives items chunks: the chunk columns (every existing row is chunk 0 of its
+    item, covering the whole text), `item_text`, the collections' `chunking` ('' = off, so
+    they keep what they had), and the live-id index over (item, chunk). One transaction."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for ddl in (
+            "ALTER TABLE items ADD COLUMN chunk INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE items ADD COLUMN c_start INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE items ADD COLUMN c_end INTEGER NOT NULL DEFAULT -1",
+            "ALTER TABLE collections ADD COLUMN chunking TEXT NOT NULL DEFAULT ''",
+            "DROP INDEX IF EXISTS items_live_id",
+        ):
+            conn.execute(ddl)
+        conn.execute("PRAGMA user_version = 3")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
     return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
 
@@ -146,6 +188,9 @@ def init_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(SCHEMA)
     if "lexical" not in _columns(conn, "collections"):
         _migrate_v2(conn)
+    if "chunk" not in _columns(conn, "items"):
+        _migrate_v3(conn)
+    conn.executescript(INDEXES)
     if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
         # only when it changes: opening a current store writes nothing, so it opens on a full disk
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

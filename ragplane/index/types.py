@@ -49,9 +49,11 @@ class Fusion:
     """How a hybrid search combines its two rankings (see `ragplane.index.fusion`).
 
     `rrf_k` is RRF's rank constant (> 0); `dense_weight` in [0, 1] is the dense ranking's
-    share in both methods (0.5 = plain RRF, or an even weighted sum)."""
+    share in both methods (0.5 = plain RRF, or an even weighted sum). The default is the
+    weighted sum: it beat RRF on held-out long documents over chunks and on the short
+    passages of BENCHMARKS.md section 10 (Weaviate's default is the same kind of fusion)."""
 
-    method: FusionMethod = FusionMethod.RRF
+    method: FusionMethod = FusionMethod.WEIGHTED
     rrf_k: int = 60
     dense_weight: float = 0.5
 
@@ -90,6 +92,34 @@ class Filter:
         return not (self.must or self.should or self.must_not)
 
 
+class Splitter(enum.StrEnum):
+    TEXT = "text"  # paragraphs, then sentences, then words
+    MARKDOWN = "markdown"  # Markdown's structure first
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """How a collection splits item text longer than `max_tokens` before embedding.
+
+    The store only keeps it; `ragplane.server.chunking` splits. `enabled` False (every
+    collection made before chunking) keeps one vector per item, embedded truncated."""
+
+    enabled: bool = False
+    max_tokens: int = 0
+    overlap_tokens: int = 0
+    splitter: Splitter = Splitter.TEXT
+
+
+@dataclass(frozen=True)
+class Span:
+    """One chunk of an item as written: `text[start:end]` (offsets in code points) and its
+    vector (float32 [dim])."""
+
+    start: int
+    end: int
+    vector: np.ndarray
+
+
 @dataclass(frozen=True)
 class IndexParams:
     """Zero means "the default" for every field."""
@@ -116,6 +146,8 @@ class CollectionInfo:
     params: IndexParams
     created_at: float  # unix seconds
     lexical_index: bool = True  # keeps an FTS5 index of item text (LEXICAL / HYBRID search)
+    chunking: Chunking = field(default_factory=Chunking)
+    chunks: int = 0  # live vectors: one per chunk (count when no item was split)
 
 
 @dataclass(frozen=True)
@@ -127,6 +159,20 @@ class Record:
     vector: np.ndarray | None
     text: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    # A text split into chunks: one Span per chunk (then `vector` is None). Empty: one row,
+    # `vector`, covering the whole text.
+    chunks: Sequence[Span] = ()
+
+
+@dataclass(frozen=True)
+class ChunkHit:
+    """A passage of a hit: chunk `index` of the item, `text[start:end]` of its text."""
+
+    index: int
+    start: int
+    end: int
+    score: float
+    text: str = ""
 
 
 @dataclass(frozen=True)
@@ -141,6 +187,15 @@ class Hit:
     dense: float | None = None  # similarity by the collection's metric
     lexical: float | None = None  # BM25, negated so higher is better; 0 = no query word
     fused: float | None = None  # hybrid only
+    chunks: Sequence[ChunkHit] = ()  # the best chunks, best first (chunking collections)
+
+
+@dataclass(frozen=True)
+class HitGroup:
+    """Hits sharing one value (`key`) of a search's group_by metadata field."""
+
+    key: Any
+    hits: Sequence[Hit]
 
 
 @dataclass(frozen=True)
@@ -148,3 +203,4 @@ class SearchResult:
     hits: Sequence[Hit]
     returned_k: int
     exhaustive: bool  # exact result: flat index, or an exact scan of the filtered items
+    groups: Sequence[HitGroup] = ()  # with group_by (then `hits` is empty)

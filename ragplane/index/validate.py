@@ -133,6 +133,32 @@ def record_rows(records: Sequence[Record]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def record_row_groups(records: Sequence[Record], chunked: bool) -> tuple[list, list[Record]]:
+    """The rows (repository.Row) the records are stored as, and one Record per row holding
+    its vector: a record with `chunks` is a row per chunk (the item's whole text kept once,
+    on chunk 0), any other one row. `chunked`: the collection records chunk offsets (a row
+    of an unsplit item then covers its whole text), else offsets are -1."""
+    rows, vecs = [], []
+    for i, ((item_id, text, md), r) in enumerate(zip(record_rows(records), records, strict=True)):
+        if not r.chunks:
+            rows.append((item_id, 0, 0, len(text) if chunked else -1, text, md, None))
+            vecs.append(r)
+            continue
+        if r.vector is not None:
+            raise InvalidArgument(f"item {i} (id {item_id!r}): send a vector or chunks, not both")
+        for j, sp in enumerate(r.chunks):
+            if not 0 <= sp.start < sp.end <= len(text):
+                raise InvalidArgument(
+                    f"item {i} (id {item_id!r}): chunk {j} spans [{sp.start}, {sp.end}), "
+                    f"outside its text of {len(text)} characters"
+                )
+            piece = text[sp.start:sp.end]
+            whole = text if j == 0 and (len(r.chunks) > 1 or piece != text) else None
+            rows.append((item_id, j, sp.start, sp.end, piece, md, whole))
+            vecs.append(Record(id=f"{item_id} chunk {j}", vector=sp.vector))
+    return rows, vecs
+
+
 def record_vectors(
     records: Sequence[Record], dim: int, metric: Metric, collection: str
 ) -> np.ndarray:

@@ -15,7 +15,7 @@ from ragplane.index.context import Context
 from ragplane.index.filters import compile_filter
 from ragplane.index.state import Coll
 from ragplane.index.types import Filter, IndexType, Record
-from ragplane.index.validate import check_ids, record_rows, record_vectors
+from ragplane.index.validate import check_ids, record_row_groups, record_vectors
 
 # HNSW inserts are slow (~1 ms each); adding a large batch in chunks lets searches on the
 # collection run between chunks instead of waiting for the whole batch.
@@ -23,31 +23,38 @@ HNSW_ADD_CHUNK = 32
 
 
 def upsert(ctx: Context, tenant: str, name: str, records: Sequence[Record]) -> int:
-    """Insert or replace `records` (each with a vector) in one transaction.
+    """Insert or replace `records` (each with a vector, or with chunks) in one transaction:
+    an item and all of its chunks are written together or not at all.
 
-    Returns the number written. Replacing an id tombstones its previous vector.
+    Returns the number of items written. Replacing an id tombstones every row of
+    its previous version.
     """
     coll = ctx.get(tenant, name)
-    rows = record_rows(records)
-    mat = record_vectors(records, coll.dim, coll.metric, coll.name)
+    rows, vec_records = record_row_groups(records, coll.chunking.enabled)
+    mat = record_vectors(vec_records, coll.dim, coll.metric, coll.name)
     with coll.write_mutex:
         if coll.dropped:
             raise NotFound(f"collection {name!r} was deleted")
         if mat.shape[1] != coll.dim:  # the collection was re-embedded to another dim meanwhile
-            mat = record_vectors(records, coll.dim, coll.metric, coll.name)
+            mat = record_vectors(vec_records, coll.dim, coll.metric, coll.name)
         with ctx.tx() as c:
             old, seqs = repo.replace_items(c, coll.id, rows, mat, coll.lexical)
-        _index(coll, mat, seqs, [r[0] for r in rows], old)
+        tail = np.fromiter((r[1] > 0 for r in rows), dtype=bool, count=len(rows))
+        _index(coll, mat, seqs, [r[0] for r in rows], old, tail)
         with coll.rw.write():
             coll.writes_since_ckpt += len(rows)
             due = coll.writes_since_ckpt >= ctx.checkpoint_every
     if due:
         checkpoint_or_log(coll)
-    return len(rows)
+    return len(records)
 
 
-def _index(coll: Coll, mat: np.ndarray, seqs: np.ndarray, ids: list[str], old: list[int]) -> None:
-    """Add committed rows to FAISS and the live set. Called under write_mutex."""
+def _index(
+    coll: Coll, mat: np.ndarray, seqs: np.ndarray, ids: list[str], old: list[int],
+    tail: np.ndarray,
+) -> None:
+    """Add committed rows to FAISS and the live set (`tail`: the rows that are chunks past
+    their item's first). Called under write_mutex."""
     n = len(ids)
     chunk = HNSW_ADD_CHUNK if coll.kind == IndexType.HNSW else n
     with coll.rw.write():
@@ -56,7 +63,7 @@ def _index(coll: Coll, mat: np.ndarray, seqs: np.ndarray, ids: list[str], old: l
         hi = min(n, lo + chunk)
         with coll.rw.write():
             coll.index.add_with_ids(mat[lo:hi], seqs[lo:hi])
-            coll.mark_live(seqs[lo:hi], ids[lo:hi])
+            coll.mark_live(seqs[lo:hi], ids[lo:hi], seqs[lo:hi][tail[lo:hi]].tolist())
             coll.indexed_seq = int(seqs[hi - 1])
 
 
@@ -83,8 +90,8 @@ def delete(
         if coll.dropped:
             raise NotFound(f"collection {name!r} was deleted")
         with ctx.tx() as c:
-            gone = repo.tombstone(c, coll.id, where, args, ids is not None, coll.lexical)
+            gone, items = repo.tombstone(c, coll.id, where, args, ids is not None, coll.lexical)
         with coll.rw.write():
             coll.mark_dead(gone)
             coll.writes_since_ckpt += len(gone)
-    return len(gone)
+    return items

@@ -130,6 +130,7 @@ def _assemble(
         embedding,
         max_batch_items=settings.max_batch_texts,
         search_max_batch=settings.search_max_batch,
+        max_item_text_bytes=settings.max_item_text_bytes,
     )
     keys = KeyStore(data_dir / "keys.db")
     stack.callback(keys.close)

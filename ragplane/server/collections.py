@@ -10,7 +10,7 @@ naming both, and a rebuild with re-embedding is the way forward.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from ragplane.core.errors import FailedPrecondition, InvalidArgument
 from ragplane.index import Engine
 from ragplane.index.fusion import check as check_fusion
 from ragplane.index.types import (
+    Chunking,
     CollectionInfo,
     Filter,
     Fusion,
@@ -27,13 +28,34 @@ from ragplane.index.types import (
     Record,
     SearchMode,
     SearchResult,
+    Span,
 )
 from ragplane.index.validate import check_top_k, query_vectors
-from ragplane.server import auth
+from ragplane.server import auth, chunking, groups
 from ragplane.server.embedding.service import EmbeddingService
 from ragplane.server.search_batcher import SearchCoalescer
 
 Compatible = Callable[[str, str], bool]
+
+
+@dataclass(frozen=True)
+class Written:
+    """What an Upsert wrote: items, chunks (vectors), texts embedded truncated (chunking
+    off), and the embedder of the text embedded ('' when all came with vectors)."""
+
+    items: int
+    chunks: int
+    truncated: int
+    embedder: str
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """SearchRequest's group_by, group_size and group_limit (field '' = no groups)."""
+
+    field: str = ""
+    size: int = 0
+    limit: int = 0
 
 
 class CollectionService:
@@ -45,10 +67,13 @@ class CollectionService:
         max_batch_items: int = 2048,
         compatible: Compatible | None = None,
         search_max_batch: int = 64,
+        max_item_text_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         self.engine = engine
         self.embedding = embedding
         self.max_batch_items = max_batch_items
+        self.max_item_text_bytes = max_item_text_bytes
+        self._chunkers: dict[str, chunking.Chunker] = {}
         self._compatible = compatible or (lambda a, b: a == b)
         self.searches = SearchCoalescer(engine, max_batch=search_max_batch)
 
@@ -68,7 +93,10 @@ class CollectionService:
         dim: int,
         params: IndexParams,
         lexical_index: bool = True,
+        chunks: Chunking | None = None,
     ) -> CollectionInfo:
+        """`chunks`: None = on, at the embedder's window (only for a collection whose text
+        the embedder embeds; one that holds callers' vectors has no chunking)."""
         embedder = self.embedding.serving_embedder()
         if dim < 0:
             raise InvalidArgument(
@@ -76,6 +104,12 @@ class CollectionService:
             )
         # A collection of another dimension can only hold vectors its callers bring.
         identity = embedder.identity if dim in (0, embedder.dim) else ""
+        if not identity and chunks is not None and chunks.enabled:
+            raise InvalidArgument(
+                f"chunking needs the embedder's vectors, but a {dim}-dim collection holds "
+                f"vectors from callers (the embedder's are {embedder.dim}-dim); set dim to 0 "
+                "or chunking.enabled to false"
+            )
         return self.engine.create_collection(
             self._tenant(),
             name,
@@ -85,6 +119,7 @@ class CollectionService:
             embedder=identity,
             params=params,
             lexical_index=lexical_index,
+            chunking=chunking.resolve(chunks, embedder.max_seq_length) if identity else Chunking(),
         )
 
     def delete_collection(self, name: str) -> None:
@@ -115,30 +150,77 @@ class CollectionService:
 
     def upsert(
         self, name: str, records: Sequence[Record], *, is_active: Callable[[], bool] = lambda: True
-    ) -> tuple[int, str]:
+    ) -> Written:
+        """Write `records`; those without a vector are embedded here: chunked first when the
+        collection chunks (each chunk embedded alone), else embedded truncated."""
         if not records:
             raise InvalidArgument("items is empty; send at least one item")
         if len(records) > self.max_batch_items:
             raise InvalidArgument(
                 f"{len(records)} items in one request; the limit is {self.max_batch_items}"
             )
+        self._check_sizes(records)
         tenant = self._tenant()
         to_embed = [i for i, r in enumerate(records) if r.vector is None]
-        identity = ""
-        if to_embed:
-            info = self.engine.describe(tenant, name)
-            for i in to_embed:
-                if not records[i].text.strip():
-                    raise InvalidArgument(
-                        f"items[{i}] (id {records[i].id!r}) has neither a vector nor text"
-                    )
-            self._embedder_for(info, "item text")
-            result = self.embedding.embed([records[i].text for i in to_embed], is_active=is_active)
-            identity = result.embedder
-            records = list(records)
+        if not to_embed:
+            n = self.engine.upsert(tenant, name, records)
+            return Written(n, n, 0, "")
+        info = self.engine.describe(tenant, name)
+        for i in to_embed:
+            if not records[i].text.strip():
+                raise InvalidArgument(
+                    f"items[{i}] (id {records[i].id!r}) has neither a vector nor text"
+                )
+        embedder = self._embedder_for(info, "item text")
+        chunker = self._chunker(embedder)
+        texts = [records[i].text for i in to_embed]
+        records = list(records)
+        if info.chunking.enabled:
+            spans = chunker.spans(texts, info.chunking)
+            pieces = [t[s:e] for t, sp in zip(texts, spans, strict=True) for s, e in sp]
+            vectors, identity = self._embed_all(pieces, is_active)
+            row = 0
+            for i, sp in zip(to_embed, spans, strict=True):
+                chunks = [Span(s, e, vectors[row + j]) for j, (s, e) in enumerate(sp)]
+                row += len(sp)
+                records[i] = replace(records[i], chunks=chunks)
+            truncated, n_chunks = 0, len(records) - len(to_embed) + len(pieces)
+        else:
+            truncated = chunker.truncated(texts, embedder.max_seq_length)
+            # past the window nothing is embedded: a prefix keeps Embed's byte limit
+            head = self.embedding.max_text_bytes // 4
+            vectors, identity = self._embed_all([t[:head] for t in texts], is_active)
             for row, i in enumerate(to_embed):
-                records[i] = replace(records[i], vector=result.vectors[row])
-        return self.engine.upsert(tenant, name, records), identity
+                records[i] = replace(records[i], vector=vectors[row])
+            n_chunks = len(records)
+        return Written(self.engine.upsert(tenant, name, records), n_chunks, truncated, identity)
+
+    def _check_sizes(self, records: Sequence[Record]) -> None:
+        for i, r in enumerate(records):
+            if len(r.text) * 4 > self.max_item_text_bytes:  # only long texts pay for encoding
+                size = len(r.text.encode("utf-8", "surrogatepass"))
+                if size > self.max_item_text_bytes:
+                    raise InvalidArgument(
+                        f"items[{i}] (id {r.id!r}) text is {size} bytes; the limit is "
+                        f"{self.max_item_text_bytes} bytes (max_item_text_bytes); split the "
+                        "document into several items"
+                    )
+
+    def _chunker(self, embedder) -> chunking.Chunker:
+        c = self._chunkers.get(embedder.identity)
+        if c is None:
+            c = self._chunkers[embedder.identity] = chunking.Chunker(embedder)
+        return c
+
+    def _embed_all(self, texts: list[str], is_active: Callable[[], bool]) -> tuple[np.ndarray, str]:
+        """Embed any number of texts, in requests the embedding service accepts."""
+        step = self.embedding.max_batch_texts
+        parts, identity = [], ""
+        for lo in range(0, len(texts), step):
+            result = self.embedding.embed(texts[lo : lo + step], is_active=is_active)
+            parts.append(result.vectors)
+            identity = result.embedder
+        return np.concatenate(parts), identity
 
     def get(self, name: str, ids: Sequence[str], *, include_vectors: bool) -> list[Record]:
         if not ids:
@@ -168,55 +250,57 @@ class CollectionService:
         mode: SearchMode = SearchMode.DENSE,
         fusion: Fusion = Fusion(),  # noqa: B008 - frozen
         is_active: Callable[[], bool] = lambda: True,
+        chunks_per_hit: int = 1,
+        grouping: Grouping = Grouping(),  # noqa: B008 - frozen
     ) -> tuple[SearchResult, str]:
         tenant = self._tenant()
-        identity = ""
         if text is None and vector is None:
             raise InvalidArgument("Search needs a query: set text or vector")
         check_top_k(top_k)
         if mode is not SearchMode.DENSE:
-            return self._search_text(
-                tenant, name, text, top_k, filter, include_text, include_metadata, mode, fusion,
-                is_active,
-            )
-        info = self.engine.describe(tenant, name)
-        if text is not None:
-            if not text.strip():
-                raise InvalidArgument("query text is empty")
-            self._embedder_for(info, "the query text")
+            self._check_text_query(text, mode)
+        elif text is not None and not text.strip():
+            raise InvalidArgument("query text is empty")
+        if mode is SearchMode.HYBRID:
+            check_fusion(fusion)  # before the embedding is paid for
+        identity = ""
+        if mode is not SearchMode.LEXICAL and text is not None:
+            self._embedder_for(self.engine.describe(tenant, name), "the query text")
             result = self.embedding.embed([text], is_active=is_active)
             vector, identity = result.vectors[0], result.embedder
-        assert vector is not None
-        if vector.ndim != 1:
-            raise InvalidArgument(f"query vector must be one vector, got shape {vector.shape}")
-        # checked here, not only in the engine: a bad query must fail alone, before the
-        # coalescer batches it with other callers' searches
-        query_vectors(vector, info.dim, info.metric, name)
-        res = self.searches.search(
-            tenant,
-            name,
-            vector,
-            top_k,
-            filter=filter,
-            include_text=include_text,
-            include_metadata=include_metadata,
-        )
-        return res, identity
+        assert vector is not None or mode is SearchMode.LEXICAL
+        if mode is SearchMode.DENSE:
+            if vector.ndim != 1:
+                raise InvalidArgument(f"query vector must be one vector, got shape {vector.shape}")
+            # checked here, not only in the engine: a bad query must fail alone, before the
+            # coalescer batches it with other callers' searches
+            info = self.engine.describe(tenant, name)
+            query_vectors(vector, info.dim, info.metric, name)
+        options = {"filter": filter, "include_text": include_text,
+                   "chunks_per_hit": chunks_per_hit}
 
-    def _search_text(
-        self,
-        tenant: str,
-        name: str,
-        text: str | None,
-        top_k: int,
-        filter: Filter | None,
-        include_text: bool,
-        include_metadata: bool,
-        mode: SearchMode,
-        fusion: Fusion,
-        is_active: Callable[[], bool],
-    ) -> tuple[SearchResult, str]:
-        """LEXICAL (no embedding at all) and HYBRID searches, which need the query's text."""
+        def run(k: int, with_metadata: bool = include_metadata) -> SearchResult:
+            if mode is SearchMode.LEXICAL:
+                return self.engine.search_lexical(
+                    tenant, name, text, k, include_metadata=with_metadata, **options)
+            if mode is SearchMode.HYBRID:
+                return self.engine.search_hybrid(
+                    tenant, name, text, vector, k, fusion=fusion,
+                    include_metadata=with_metadata, **options)
+            return self.searches.search(
+                tenant, name, vector, k, include_metadata=with_metadata, **options)
+
+        if grouping.field:
+            res = groups.search_groups(
+                lambda k: run(k, True), grouping.field, grouping.size, grouping.limit, top_k,
+                include_metadata,
+            )
+            return res, identity
+        return run(top_k), identity
+
+    @staticmethod
+    def _check_text_query(text: str | None, mode: SearchMode) -> None:
+        """LEXICAL and HYBRID searches rank by the query's words: they need its text."""
         if text is None:
             raise InvalidArgument(
                 f"{mode.value} search ranks by the query's words: send text, not a vector "
@@ -224,14 +308,3 @@ class CollectionService:
             )
         if not text.strip():
             raise InvalidArgument("query text is empty")
-        options = {"filter": filter, "include_text": include_text,
-                   "include_metadata": include_metadata}
-        if mode is SearchMode.LEXICAL:
-            return self.engine.search_lexical(tenant, name, text, top_k, **options), ""
-        check_fusion(fusion)  # before the embedding is paid for
-        self._embedder_for(self.engine.describe(tenant, name), "the query text")
-        result = self.embedding.embed([text], is_active=is_active)
-        res = self.engine.search_hybrid(
-            tenant, name, text, result.vectors[0], top_k, fusion=fusion, **options
-        )
-        return res, result.embedder

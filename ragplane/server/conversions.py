@@ -21,8 +21,6 @@ from ragplane.index.types import (
     Condition,
     Filter,
     FilterOp,
-    Fusion,
-    FusionMethod,
     Hit,
     IndexParams,
     IndexType,
@@ -32,6 +30,12 @@ from ragplane.index.types import (
     SearchResult,
 )
 from ragplane.server.auth import KeyInfo
+from ragplane.server.conversions_search import (
+    chunk_hits_from_pb,
+    chunk_hits_to_pb,
+    chunking_to_pb,
+    value_to_pb,
+)
 from ragplane.server.memory import Memory
 from ragplane.server.shadow.releases import ReleaseRecord
 from ragplane.server.shadow.types import (
@@ -59,6 +63,8 @@ INDEX_TYPE_TO_PB = {
 INDEX_TYPE_FROM_PB = {v: k for k, v in INDEX_TYPE_TO_PB.items()} | {
     index_pb2.INDEX_TYPE_UNSPECIFIED: IndexType.FLAT
 }
+FILTER_OP_TO_PB = {op: getattr(common_pb2, f"FILTER_OP_{op.name}") for op in FilterOp}
+FILTER_OP_FROM_PB = {v: k for k, v in FILTER_OP_TO_PB.items()}
 SEARCH_MODE_TO_PB = {
     SearchMode.DENSE: common_pb2.SEARCH_MODE_DENSE,
     SearchMode.LEXICAL: common_pb2.SEARCH_MODE_LEXICAL,
@@ -67,16 +73,6 @@ SEARCH_MODE_TO_PB = {
 SEARCH_MODE_FROM_PB = {v: k for k, v in SEARCH_MODE_TO_PB.items()} | {
     common_pb2.SEARCH_MODE_UNSPECIFIED: SearchMode.DENSE
 }
-FUSION_METHOD_TO_PB = {
-    FusionMethod.RRF: common_pb2.FUSION_METHOD_RRF,
-    FusionMethod.WEIGHTED: common_pb2.FUSION_METHOD_WEIGHTED,
-}
-FUSION_METHOD_FROM_PB = {v: k for k, v in FUSION_METHOD_TO_PB.items()} | {
-    common_pb2.FUSION_METHOD_UNSPECIFIED: FusionMethod.RRF
-}
-FILTER_OP_TO_PB = {op: getattr(common_pb2, f"FILTER_OP_{op.name}") for op in FilterOp}
-FILTER_OP_FROM_PB = {v: k for k, v in FILTER_OP_TO_PB.items()}
-
 
 # --- enums ---------------------------------------------------------------------------
 
@@ -112,28 +108,6 @@ def search_mode_from_pb(value: int) -> SearchMode:
 
 def search_mode_to_pb(mode: SearchMode) -> int:
     return SEARCH_MODE_TO_PB[mode]
-
-
-def fusion_from_pb(pb: common_pb2.Fusion) -> Fusion:
-    """Zero and unset fields take their defaults; index.fusion.check validates the rest."""
-    try:
-        method = FUSION_METHOD_FROM_PB[pb.method]
-    except KeyError:
-        raise InvalidArgument(
-            f"fusion.method {pb.method} is unknown; use FUSION_METHOD_RRF or FUSION_METHOD_WEIGHTED"
-        ) from None
-    default = Fusion()
-    return Fusion(
-        method=method,
-        rrf_k=pb.rrf_k or default.rrf_k,
-        dense_weight=pb.dense_weight if pb.HasField("dense_weight") else default.dense_weight,
-    )
-
-
-def fusion_to_pb(f: Fusion) -> common_pb2.Fusion:
-    return common_pb2.Fusion(
-        method=FUSION_METHOD_TO_PB[f.method], rrf_k=f.rrf_k, dense_weight=f.dense_weight
-    )
 
 
 # --- metadata --------------------------------------------------------------------------
@@ -269,6 +243,8 @@ def collection_info_to_pb(c: CollectionInfo) -> index_pb2.CollectionInfo:
         params=params_to_pb(c.params),
         created_at=c.created_at,
         lexical_index=c.lexical_index,
+        chunking=chunking_to_pb(c.chunking),
+        chunks=c.chunks,
     )
 
 
@@ -289,11 +265,6 @@ def collection_info_from_pb(
         created_at=pb.created_at,
         lexical_index=pb.lexical_index,
     )
-
-
-def lexical_index_from_pb(pb: index_pb2.CreateCollectionRequest) -> bool:
-    """CreateCollectionRequest.lexical_index: unset means keep one."""
-    return pb.lexical_index if pb.HasField("lexical_index") else True
 
 
 # --- items -----------------------------------------------------------------------------
@@ -322,6 +293,7 @@ def hit_to_pb(h: Hit) -> search_pb2.Hit:
         dense_score=h.dense,
         lexical_score=h.lexical,
         fused_score=h.fused,
+        chunks=chunk_hits_to_pb(h.chunks),
     )
 
 
@@ -338,6 +310,7 @@ def hit_from_pb(pb: search_pb2.Hit) -> Hit:
         dense=_optional(pb, "dense_score"),
         lexical=_optional(pb, "lexical_score"),
         fused=_optional(pb, "fused_score"),
+        chunks=chunk_hits_from_pb(pb.chunks),
     )
 
 
@@ -347,6 +320,8 @@ def search_result_to_pb(r: SearchResult, embedder: str = "") -> search_pb2.Searc
         returned_k=r.returned_k,
         exhaustive=r.exhaustive,
         embedder=embedder,
+        groups=[search_pb2.HitGroup(key=value_to_pb(g.key), hits=[hit_to_pb(h) for h in g.hits])
+                for g in r.groups],
     )
 
 

@@ -45,8 +45,9 @@ class SearchCoalescer:
         filter: Filter | None,
         include_text: bool,
         include_metadata: bool,
+        chunks_per_hit: int = 1,
     ) -> SearchResult:
-        key = (top_k, filter, include_text, include_metadata)
+        key = (top_k, filter, include_text, include_metadata, chunks_per_hit)
         fut: Future[SearchResult] = Future()
         lane_key = (tenant, name)
         with self._cond:
@@ -75,7 +76,7 @@ class SearchCoalescer:
     def _run(
         self, tenant: str, name: str, group: list[tuple[Hashable, np.ndarray, Future[SearchResult]]]
     ) -> None:
-        top_k, filter, include_text, include_metadata = group[0][0]  # type: ignore[misc]
+        top_k, filter, include_text, include_metadata, per_hit = group[0][0]  # type: ignore[misc]
         try:
             queries = np.stack([w[1] for w in group]).astype(np.float32, copy=False)
             results = self.engine.search(
@@ -86,6 +87,7 @@ class SearchCoalescer:
                 filter=filter,
                 include_text=include_text,
                 include_metadata=include_metadata,
+                chunks_per_hit=per_hit,
             )
         except BaseException as exc:  # every caller of the batch hears the error
             for w in group:

@@ -138,7 +138,12 @@ class Settings(BaseSettings):
         default=256,
     )
     max_batch_texts: int = _doc("Most texts (or items) one request may carry.", default=2048)
-    max_text_bytes: int = _doc("Longest text accepted, in UTF-8 bytes.", default=65536)
+    max_text_bytes: int = _doc("Longest text Embed accepts, in UTF-8 bytes.", default=65536)
+    max_item_text_bytes: int = _doc(
+        "Longest item text an Upsert accepts, in UTF-8 bytes. Text longer than the embedder's "
+        "window is chunked (or, in a collection without chunking, embedded truncated).",
+        default=4 * 1024 * 1024,
+    )
     max_message_bytes: int = _doc("gRPC message size limit, both ways.", default=64 * 1024 * 1024)
     batch_max_tokens: int = _doc(
         "Token budget of one forward pass; concurrent requests share passes up to it.",

@@ -24,6 +24,7 @@ from ragplane.index.types import (
     SearchResult,
 )
 from ragplane.server import conversions as conv
+from ragplane.server import conversions_search as conv_search
 from ragplane.server.memory import Memory
 from ragplane.v1 import common_pb2, index_pb2, search_pb2
 
@@ -71,9 +72,9 @@ def test_collection_info_round_trip():
 
 
 def test_lexical_index_defaults_to_on():
-    assert conv.lexical_index_from_pb(index_pb2.CreateCollectionRequest(name="c")) is True
+    assert conv_search.lexical_index_from_pb(index_pb2.CreateCollectionRequest(name="c")) is True
     off = index_pb2.CreateCollectionRequest(name="c", lexical_index=False)
-    assert conv.lexical_index_from_pb(off) is False
+    assert conv_search.lexical_index_from_pb(off) is False
 
 
 def test_record_hit_and_search_result_round_trip():
@@ -111,13 +112,13 @@ def test_search_mode_unset_is_dense():
     [Fusion(), Fusion(FusionMethod.WEIGHTED, 10, 0.25), Fusion(FusionMethod.RRF, 1, 0.0)],
 )
 def test_fusion_round_trip(f):
-    assert conv.fusion_from_pb(conv.fusion_to_pb(f)) == f
+    assert conv_search.fusion_from_pb(conv_search.fusion_to_pb(f)) == f
 
 
 def test_fusion_unset_fields_take_defaults():
-    assert conv.fusion_from_pb(common_pb2.Fusion()) == Fusion()
+    assert conv_search.fusion_from_pb(common_pb2.Fusion()) == Fusion()
     # An explicit weight of 0 (all lexical) is kept, not mistaken for "unset".
-    assert conv.fusion_from_pb(common_pb2.Fusion(dense_weight=0.0)).dense_weight == 0.0
+    assert conv_search.fusion_from_pb(common_pb2.Fusion(dense_weight=0.0)).dense_weight == 0.0
 
 
 def test_memory_round_trip():
@@ -151,7 +152,7 @@ def test_unknown_enums_are_invalid_argument(bad):
     with pytest.raises(InvalidArgument, match="mode"):
         conv.search_mode_from_pb(bad)
     with pytest.raises(InvalidArgument, match="fusion.method"):
-        conv.fusion_from_pb(common_pb2.Fusion(method=bad))
+        conv_search.fusion_from_pb(common_pb2.Fusion(method=bad))
 
 
 def test_shadow_case_round_trip_with_classes_and_watch():

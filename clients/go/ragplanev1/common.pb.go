@@ -153,7 +153,7 @@ func (SearchMode) EnumDescriptor() ([]byte, []int) {
 type FusionMethod int32
 
 const (
-	FusionMethod_FUSION_METHOD_UNSPECIFIED FusionMethod = 0 // rrf
+	FusionMethod_FUSION_METHOD_UNSPECIFIED FusionMethod = 0 // weighted: it won on held-out data (BENCHMARKS.md)
 	// Reciprocal rank fusion: sum over the two rankings of weight / (rrf_k + rank), ranks
 	// from 1. Uses ranks only, so the two scores' scales never matter.
 	FusionMethod_FUSION_METHOD_RRF FusionMethod = 1

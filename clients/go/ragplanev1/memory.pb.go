@@ -364,7 +364,7 @@ type RecallRequest struct {
 	Filter    *Filter                `protobuf:"bytes,4,opt,name=filter,proto3" json:"filter,omitempty"`
 	// How candidates are found and what relevance means; unset = SEARCH_MODE_DENSE.
 	Mode SearchMode `protobuf:"varint,5,opt,name=mode,proto3,enum=ragplane.v1.SearchMode" json:"mode,omitempty"`
-	// How HYBRID fuses; unset = RRF with k = 60 and an even split.
+	// How HYBRID fuses; unset = the weighted fusion with an even split (see Fusion).
 	Fusion        *Fusion `protobuf:"bytes,6,opt,name=fusion,proto3" json:"fusion,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -132,6 +132,7 @@ class OnnxEmbedder(Identified):
         self._tok.enable_truncation(max_seq_length)
         self._tok.no_padding()
         self._tokens = TokenCounter(path, max_seq_length)
+        self.hf_tokenizer = self._tokens.tokenizer  # chunking counts with it
         self.max_seq_length = max_seq_length
         self.dim = int(self._session.get_outputs()[0].shape[-1] or 0) or self._probe_dim()
         self.model = path.name if path.name != "model" else "all-MiniLM-L6-v2"

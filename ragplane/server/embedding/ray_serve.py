@@ -170,6 +170,10 @@ class RayServeEmbedder(Identified):
             ) from exc
         return l2_normalize(out) if normalize else out
 
+    @property
+    def hf_tokenizer(self) -> Any:
+        return getattr(self._counter, "hf_tokenizer", None)
+
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         return self._counter.count_tokens(texts)
 
@@ -205,6 +209,7 @@ class _Tokens:
 
     def __init__(self, counter: Any) -> None:
         self._c = counter
+        self.hf_tokenizer = getattr(counter, "tokenizer", None)
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         return self._c.truncated(texts)

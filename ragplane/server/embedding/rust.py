@@ -44,6 +44,7 @@ class RustEmbedder(Identified):
         self.kernel = getattr(self._e, "kernel", "")
         self.model = path.name if path.name != "model" else "all-MiniLM-L6-v2"
         self._tokens = TokenCounter(path, max_seq_length)
+        self.hf_tokenizer = self._tokens.tokenizer  # chunking counts with it
         # one line for what the backend choice found (device="auto" on Linux probes wgpu
         # only when a GPU device node exists: the probe's driver noise is gone)
         log.info(

@@ -82,6 +82,7 @@ class SentenceTransformersEmbedder(Identified):
         self.model = path.name if path.name != "model" else "all-MiniLM-L6-v2"
         self.version = sentence_transformers.__version__
         self._tokens = TokenCounter(path, max_seq_length)
+        self.hf_tokenizer = self._tokens.tokenizer  # chunking counts with it
         self._fast = None
         if pipelined:
             from ragplane.server.embedding.st_fast import DEFAULT_TOKEN_BUDGET, PipelinedEncoder

@@ -19,6 +19,11 @@ class TokenCounter:
         self._full.no_padding()
         self._full.no_truncation()
 
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer without truncation or padding (what chunking counts with)."""
+        return self._full
+
     def untruncated(self, texts: Sequence[str]) -> list[int]:
         return [len(e.ids) for e in self._full.encode_batch(list(texts))]
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import grpc
 
 from ragplane.server import conversions as conv
+from ragplane.server import conversions_search as conv_search
 from ragplane.server.collections import CollectionService
 from ragplane.v1 import index_pb2, index_pb2_grpc
 
@@ -20,7 +21,8 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
             index_type=conv.index_type_from_pb(request.index_type),
             dim=request.dim,
             params=conv.params_from_pb(request.params),
-            lexical_index=conv.lexical_index_from_pb(request),
+            lexical_index=conv_search.lexical_index_from_pb(request),
+            chunks=conv_search.chunking_from_pb(request),
         )
         return conv.collection_info_to_pb(info)
 
@@ -44,8 +46,10 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
 
     def Upsert(self, request: index_pb2.UpsertRequest, context: grpc.ServicerContext):
         records = [conv.item_to_record(item) for item in request.items]
-        count, embedder = self._c.upsert(request.collection, records, is_active=context.is_active)
-        return index_pb2.UpsertResponse(upserted=count, embedder=embedder)
+        w = self._c.upsert(request.collection, records, is_active=context.is_active)
+        return index_pb2.UpsertResponse(
+            upserted=w.items, embedder=w.embedder, chunks=w.chunks, truncated=w.truncated
+        )
 
     def Delete(self, request: index_pb2.DeleteRequest, context: grpc.ServicerContext):
         which = request.WhichOneof("selector")

@@ -3,6 +3,7 @@ from __future__ import annotations
 import grpc
 
 from ragplane.server import conversions as conv
+from ragplane.server.conversions_search import fusion_from_pb
 from ragplane.server.memory import MemoryService
 from ragplane.v1 import memory_pb2, memory_pb2_grpc
 
@@ -29,7 +30,7 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
             request.top_k,
             conv.filter_from_pb(request.filter),
             mode=conv.search_mode_from_pb(request.mode),
-            fusion=conv.fusion_from_pb(request.fusion),
+            fusion=fusion_from_pb(request.fusion),
             is_active=context.is_active,
         )
         return memory_pb2.RecallResponse(memories=[conv.memory_to_pb(m) for m in memories])

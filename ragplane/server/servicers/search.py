@@ -3,7 +3,8 @@ from __future__ import annotations
 import grpc
 
 from ragplane.server import conversions as conv
-from ragplane.server.collections import CollectionService
+from ragplane.server.collections import CollectionService, Grouping
+from ragplane.server.conversions_search import fusion_from_pb
 from ragplane.v1 import search_pb2, search_pb2_grpc
 
 
@@ -22,7 +23,9 @@ class SearchServicer(search_pb2_grpc.SearchServiceServicer):
             include_text=request.include_text,
             include_metadata=request.include_metadata,
             mode=conv.search_mode_from_pb(request.mode),
-            fusion=conv.fusion_from_pb(request.fusion),
+            fusion=fusion_from_pb(request.fusion),
             is_active=context.is_active,
+            chunks_per_hit=request.chunks_per_hit,
+            grouping=Grouping(request.group_by, request.group_size, request.group_limit),
         )
         return conv.search_result_to_pb(result, embedder)

@@ -13,7 +13,7 @@ from ragplane.core.errors import InvalidArgument
 from ragplane.index.fusion import check, fuse
 from ragplane.index.types import Fusion, FusionMethod
 
-RRF = Fusion()
+RRF = Fusion(method=FusionMethod.RRF)
 WEIGHTED = Fusion(method=FusionMethod.WEIGHTED)
 
 

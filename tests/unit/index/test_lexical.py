@@ -120,7 +120,8 @@ def test_hybrid_fuses_both_rankings_and_reports_three_scores(engine):
         ],
     )
     q = np.float32([1, 0])
-    res = engine.search_hybrid(T, "h", "SSL_CTX_set_options", q, 3)
+    rrf = Fusion(method=FusionMethod.RRF)
+    res = engine.search_hybrid(T, "h", "SSL_CTX_set_options", q, 3, fusion=rrf)
     assert [h.id for h in res.hits][0] == "both"
     by = {h.id: h for h in res.hits}
     assert by["words"].dense == pytest.approx(-1.0)  # exact, though dense ranked it last
