@@ -17,6 +17,11 @@ Recall score (documented in the API): a weighted mean of three parts,
 
 as in Generative Agents (Park et al., 2023), which sums the same three parts. Candidates are
 the most relevant `max(10 * top_k, 100)` live memories, re-ranked by the score.
+
+A memory is one vector unless its text is longer than the embedder's window: then it is
+chunked as collection items are (`ragplane.server.chunking`; namespaces made before
+chunking keep one truncated vector), ranks by its best chunk, and is deduplicated by its
+first chunk's vector.
 """
 
 from __future__ import annotations
@@ -45,9 +50,10 @@ from ragplane.index.types import (
     Metric,
     Record,
     SearchMode,
+    Span,
 )
 from ragplane.index.validate import check_name
-from ragplane.server import auth
+from ragplane.server import auth, chunking
 from ragplane.server.embedding.service import EmbeddingService
 
 log = logging.getLogger(__name__)
@@ -96,6 +102,7 @@ class MemoryService:
         self._store = self.engine.of_kind(Kind.MEMORY)
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._chunkers: dict[str, chunking.Chunker] = {}
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
 
@@ -171,7 +178,7 @@ class MemoryService:
             raise InvalidArgument(f"metadata key {RESERVED!r} is reserved")
         self.embedding.validate_texts([text])
         space = self._space()
-        vec = self.embedding.embed([text], is_active=is_active).vectors[0]
+        vec, spans = self._embed_memory(space, namespace, text, is_active)
         with self._lock(space, namespace):
             now = self.clock()
             if not self._exists(space, namespace):
@@ -182,6 +189,7 @@ class MemoryService:
                     metric=Metric.COSINE,
                     index_type=IndexType.FLAT,
                     embedder=self.embedding.serving_embedder().identity,
+                    chunking=self._chunking(),
                 )
             hits = self._store.search(
                 space,
@@ -203,7 +211,7 @@ class MemoryService:
                     "expires_at": expires,
                 }
                 self._store.upsert(
-                    space, namespace, [Record(old.id, vec, text, {**merged, RESERVED: sys})]
+                    space, namespace, [_record(old.id, vec, spans, text, {**merged, RESERVED: sys})]
                 )
                 return old.id, True
             mid = uuid.uuid4().hex
@@ -214,9 +222,33 @@ class MemoryService:
                 "expires_at": expires,
             }
             self._store.upsert(
-                space, namespace, [Record(mid, vec, text, {**metadata, RESERVED: sys})]
+                space, namespace, [_record(mid, vec, spans, text, {**metadata, RESERVED: sys})]
             )
             return mid, False
+
+    def _chunking(self):
+        return chunking.resolve(None, self.embedding.serving_embedder().max_seq_length)
+
+    def _embed_memory(
+        self, space: str, namespace: str, text: str, is_active: Callable[[], bool]
+    ) -> tuple[Any, list[Span]]:
+        """The memory's vector (its first chunk's when it is split) and its chunks (none
+        when it fits the window, or its namespace was made before chunking)."""
+        try:
+            ch = self._store.describe(space, namespace).chunking
+        except NotFound:
+            ch = self._chunking()
+        embedder = self.embedding.serving_embedder()
+        spans = [(0, len(text))]
+        if ch.enabled:
+            c = self._chunkers.get(embedder.identity)
+            if c is None:
+                c = self._chunkers[embedder.identity] = chunking.Chunker(embedder)
+            spans = c.spans([text], ch)[0]
+        vecs = self.embedding.embed([text[s:e] for s, e in spans], is_active=is_active).vectors
+        if len(spans) == 1:
+            return vecs[0], []
+        return vecs[0], [Span(s, e, v) for (s, e), v in zip(spans, vecs, strict=True)]
 
     def recall(
         self,
@@ -392,3 +424,7 @@ class MemoryService:
         self._stop.set()
         if self._sweeper is not None:
             self._sweeper.join(5)
+
+
+def _record(mid: str, vec: Any, spans: list[Span], text: str, md: dict[str, Any]) -> Record:
+    return Record(mid, None, text, md, chunks=spans) if spans else Record(mid, vec, text, md)

@@ -187,3 +187,23 @@ def test_limits_and_bad_settings_are_invalid_argument(server):
     assert resp.chunks > 50
     code, details = code_of(lambda: search(server, "x", chunks_per_hit=17))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "chunks_per_hit" in details
+
+
+def test_a_long_memory_is_chunked_and_recalled_by_its_last_words(server):
+    from ragplane.v1 import memory_pb2
+
+    mem = server.stubs.memory
+    text = long_text(11, words=1500) + "\n\nThe user keeps a quokkaphrase at the very end."
+    first = mem.Remember(memory_pb2.RememberRequest(namespace="agent", text=text))
+    for t in corpus(60)[40:]:  # others that a truncated vector would rank above it
+        mem.Remember(memory_pb2.RememberRequest(namespace="agent", text=t))
+    for mode in (DENSE, LEXICAL, HYBRID):
+        got = mem.Recall(memory_pb2.RecallRequest(
+            namespace="agent", query="quokkaphrase at the very end", top_k=2, mode=mode))
+        assert got.memories[0].id == first.id and got.memories[0].text == text, mode
+        assert len({m.id for m in got.memories}) == len(got.memories)
+    again = mem.Remember(memory_pb2.RememberRequest(namespace="agent", text=text))
+    assert again.deduplicated and again.id == first.id  # by its first chunk's vector
+    listed = mem.ListMemories(memory_pb2.ListMemoriesRequest(namespace="agent", page_size=50))
+    assert sorted(m.id for m in listed.memories).count(first.id) == 1
+    assert len(listed.memories) == 21
