@@ -15,6 +15,7 @@ from ragplane.core.errors import FailedPrecondition, InvalidArgument
 from ragplane.index import CollectionInfo, Engine, IndexParams, IndexType, RebuildProgress
 from ragplane.server import auth
 from ragplane.server.auth import KeyStore
+from ragplane.server.chunking import check_window
 from ragplane.server.embedding.service import EmbeddingService
 from ragplane.server.memory import MemoryService
 from ragplane.server.shadow.types import CaseStatus
@@ -81,6 +82,7 @@ class AdminOps:
             )
         embed_fn = None
         if reembed or changed:
+            check_window(info.chunking, serving, name)
 
             def embed_fn(texts: list[str]):  # noqa: E306 - closure over the serving embedder
                 return self.embedding.embed(texts).vectors

@@ -19,7 +19,7 @@ from typing import Any
 
 from semantic_text_splitter import MarkdownSplitter, TextSplitter
 
-from ragplane.core.errors import InvalidArgument
+from ragplane.core.errors import FailedPrecondition, InvalidArgument
 from ragplane.index.types import Chunking, Splitter
 
 DEFAULT_OVERLAP_DIVISOR = 8  # overlap unset: max_tokens / 8 tokens shared by neighbours
@@ -47,6 +47,19 @@ def resolve(requested: Chunking | None, window: int) -> Chunking:
             f"got {overlap}"
         )
     return Chunking(True, max_tokens, overlap, requested.splitter)
+
+
+def check_window(chunking: Chunking, embedder: Any, collection: str) -> None:
+    """Refuse to embed a collection's chunks with an embedder whose window is smaller than
+    they are (it would truncate them: what chunking exists to prevent). Re-chunking a
+    collection for such an embedder is not built yet."""
+    if chunking.enabled and chunking.max_tokens > embedder.max_seq_length:
+        raise FailedPrecondition(
+            f"collection {collection!r} is chunked at {chunking.max_tokens} tokens, but "
+            f"{embedder.identity} reads at most {embedder.max_seq_length}: its chunks would be "
+            "truncated. Create a collection with chunking.max_tokens <= "
+            f"{embedder.max_seq_length} and upsert the documents into it"
+        )
 
 
 class Chunker:

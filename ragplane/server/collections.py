@@ -176,6 +176,7 @@ class CollectionService:
         texts = [records[i].text for i in to_embed]
         records = list(records)
         if info.chunking.enabled:
+            chunking.check_window(info.chunking, embedder, name)
             spans = chunker.spans(texts, info.chunking)
             pieces = [t[s:e] for t, sp in zip(texts, spans, strict=True) for s, e in sp]
             vectors, identity = self._embed_all(pieces, is_active)
