@@ -11,12 +11,14 @@ exactly the top_k items: grouping keeps a dense ranking's exactness.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+import numpy as np
 
 from ragplane.core.errors import InvalidArgument
 from ragplane.index import repository as repo
-from ragplane.index.types import ChunkHit
+from ragplane.index.types import ChunkHit, Metric
 
 MAX_CHUNKS_PER_HIT = 16
 
@@ -86,3 +88,33 @@ def passages(
                 json.loads(head[5]) if include_metadata else {},
             )
     return out, extra
+
+
+def scores(metric: Metric, X: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Dense scores of stored vectors X [n, dim] for the query q [dim], as FAISS reports
+    them (higher is better; l2: -squared distance)."""
+    if metric == Metric.L2:
+        return -np.sum((X - q) ** 2, axis=1)
+    return X @ q
+
+
+def best_chunks(
+    conn: Any, coll_id: int, items: Sequence[Group], per_hit: int,
+    score: Callable[[np.ndarray], np.ndarray], dim: int,
+) -> list[Group]:
+    """`items` with each item's best `per_hit` live chunks, scored exactly from their stored
+    vectors by `score` (a ranking read only so deep may have missed some)."""
+    if not items:
+        return []
+    rows = repo.item_seqs(conn, coll_id, [i for i, _ in items])
+    seqs = np.asarray([s for s, _ in rows], dtype=np.int64)
+    found, X = repo.vectors_of(conn, seqs, dim)
+    owner = dict(rows)
+    by_item: dict[str, list[tuple[int, float]]] = {}
+    for seq, s in zip(found.tolist(), score(X).tolist(), strict=True):
+        by_item.setdefault(owner[seq], []).append((seq, s))
+    out = []
+    for item_id, g in items:
+        ranked = sorted(by_item.get(item_id, g), key=lambda r: -r[1])[:per_hit]
+        out.append((item_id, ranked or g))
+    return out

@@ -79,10 +79,13 @@ def count_matching(ctx: Context, tenant: str, name: str, filter: Filter | None) 
     coll = ctx.get(tenant, name)
     if filter is None or filter.is_empty():
         compile_filter(filter)
-        return coll.live_count
+        return coll.item_count
     found = matching(ctx, coll, filter)
     with coll.rw.read():
-        return int(np.count_nonzero(coll.live.contains(found)))
+        live = found[coll.live.contains(found)]
+        if coll.tails:  # every chunk of a matching item matches: count each item once
+            return sum(1 for s in live.tolist() if s not in coll.tails)
+        return int(live.size)
 
 
 def matching(ctx: Context, coll: Coll, flt: Filter) -> np.ndarray:

@@ -80,15 +80,14 @@ def search(
         found = matching(ctx, coll, filter)
     elif filter is not None:
         compile_filter(filter)
+    grouped = coll.chunking.enabled or coll.split
     with coll.rw.read():
         if coll.dropped:
             raise NotFound(f"collection {name!r} was deleted")
-        if coll.chunking.enabled or coll.split:
-            planned = _run_items(ctx, coll, q, k, found, per_hit)
-            if planned is None:
-                return [SearchResult(hits=(), returned_k=0, exhaustive=True) for _ in q]
-            return _item_results(ctx, *planned, include_text, include_metadata)
-        planned = _run(ctx, coll, q, k, found)
+        planned = _run_items(ctx, coll, q, k, found, per_hit) if grouped else _run(
+            ctx, coll, q, k, found)
+    if planned is not None and grouped:
+        return _item_results(ctx, coll, q, *planned, include_text, include_metadata, per_hit)
     if planned is None:
         return [SearchResult(hits=(), returned_k=0, exhaustive=True) for _ in range(len(q))]
     raw, exhaustive, exact_rows = planned
@@ -129,7 +128,8 @@ def _run_items(
     (or every candidate row), then grouped by item. Called under `rw` (read)."""
     n_rows = coll.live_count if found is None else int(np.count_nonzero(coll.live.contains(found)))
     planned = None
-    for depth in chunks.depths(k, per_hit, n_rows):
+    # while no item is split, rows are items: no need to read deeper
+    for depth in chunks.depths(k, per_hit, n_rows) if coll.split else [k]:
         planned = _run(ctx, coll, q, depth, found)
         if planned is None:
             return None
@@ -140,19 +140,27 @@ def _run_items(
 
 
 def _item_results(
-    ctx: Context, groups: list, exhaustive: bool, exact_rows: set[int], include_text: bool,
-    include_metadata: bool,
+    ctx: Context, coll: Coll, q: np.ndarray, groups: list, exhaustive: bool,
+    exact_rows: set[int], include_text: bool, include_metadata: bool, per_hit: int,
 ) -> list[SearchResult]:
-    out = []
+    """Hits of grouped rankings, with their passages: one SQL read for every query's hits.
+    Asked for several passages per hit, each hit's are its best chunks scored exactly."""
     conn = ctx.reader()
+    if per_hit > 1 and coll.split:
+        groups = [
+            chunks.best_chunks(conn, coll.id, items, per_hit, lambda X, qi=qi: chunks.scores(
+                coll.metric, X, qi), coll.dim)
+            for items, qi in zip(groups, q, strict=True)
+        ]
+    flat = [g for items in groups for _, g in items]
+    passages, extra = chunks.passages(conn, flat, include_text, include_metadata, include_text)
+    out, at = [], 0
     for row, items in enumerate(groups):
-        passages, extra = chunks.passages(
-            conn, [g for _, g in items], include_text, include_metadata, include_text
-        )
         hits = []
-        for (item_id, g), ch in zip(items, passages, strict=True):
+        for item_id, g in items:
             text, md = extra.get(g[0][0], ("", {}))
-            hits.append(_hit(item_id, g[0][1], text, md, ch))
+            hits.append(_hit(item_id, g[0][1], text, md, passages[at]))
+            at += 1
         out.append(SearchResult(hits=hits, returned_k=len(hits),
                                 exhaustive=bool(exhaustive or row in exact_rows)))
     return out

@@ -39,7 +39,8 @@ type SearchRequest struct {
 	Mode SearchMode `protobuf:"varint,8,opt,name=mode,proto3,enum=ragplane.v1.SearchMode" json:"mode,omitempty"`
 	// How HYBRID fuses; unset = the weighted fusion with an even split (see Fusion).
 	Fusion *Fusion `protobuf:"bytes,9,opt,name=fusion,proto3" json:"fusion,omitempty"`
-	// Passages per hit (Hit.chunks), best first; 0 = 1. At most 16.
+	// Passages per hit (Hit.chunks), best first; 0 = 1. At most 16. In DENSE mode they are
+	// the item's best chunks; in LEXICAL and HYBRID, its best among the chunks ranked.
 	ChunksPerHit int32 `protobuf:"varint,10,opt,name=chunks_per_hit,json=chunksPerHit,proto3" json:"chunks_per_hit,omitempty"`
 	// Group hits by this metadata field (dotted for nested), as Qdrant's search groups: up to
 	// `group_limit` groups (0 = top_k), each of up to `group_size` hits (0 = 1), best group
