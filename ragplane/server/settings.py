@@ -308,6 +308,12 @@ class Settings(BaseSettings):
             raise InvalidArgument("tls_cert and tls_key must be given together")
         if not 0.0 < self.memory_dedup_threshold <= 1.0:
             raise InvalidArgument("memory_dedup_threshold must be in (0, 1]")
+        if not 0 < self.max_item_text_bytes <= self.max_message_bytes // 2:
+            raise InvalidArgument(
+                f"max_item_text_bytes must be from 1 to half of max_message_bytes "
+                f"({self.max_message_bytes // 2}): an Upsert of one such item, and a search "
+                "hit returning it, must fit a message; raise max_message_bytes with it"
+            )
         return self
 
     def replace(self, **changes: Any) -> Settings:

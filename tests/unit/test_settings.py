@@ -20,6 +20,10 @@ def test_unknown_and_bad_values_are_clear():
         Settings.load({"port": "eighty"}, env={})
     with pytest.raises(InvalidArgument, match="embedder"):
         Settings.load({"embedder": "gpt"}, env={})
+    with pytest.raises(InvalidArgument, match="raise max_message_bytes"):
+        Settings.load({"max_item_text_bytes": 40 << 20}, env={})
+    assert Settings.load({"max_item_text_bytes": 40 << 20, "max_message_bytes": 96 << 20},
+                         env={}).max_item_text_bytes == 40 << 20
 
 
 def test_secrets_are_redacted():
