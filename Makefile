@@ -47,7 +47,7 @@ protos-check: install tools ## fail if any generated code is stale
 	VENV=$(VENV) bash clients/go/generate.sh --check
 
 lint: install ## ruff, the import-linter layer contracts and the size limits (generated code excluded)
-	$(VENV)/bin/ruff check ragplane tests bench loadtest scripts
+	$(VENV)/bin/ruff check ragplane tests bench loadtest scripts clients/python
 	$(VENV)/bin/lint-imports
 	$(PY) scripts/check_sizes.py
 

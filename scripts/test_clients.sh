@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Runs the Go and Rust client smoke tests, each against a live ragplane server that the
-# test starts from the Python virtualenv ($VENV, default .venv; `make install` creates it)
-# on port 0 with the fake embedder. Exits non-zero if either fails or its toolchain is
-# missing; SKIP_GO_CLIENT=1 or SKIP_RUST_CLIENT=1 leaves one out (and says so).
+# Runs the client tests, each against a live ragplane server that the test starts from the
+# Python virtualenv ($VENV, default .venv; `make install` creates it) on port 0 with the
+# fake embedder: the Python client's (clients/python/tests, pytest from $VENV; one test
+# pip-installs the client from PyPI into an empty virtualenv), then the Go and Rust smoke
+# tests. Exits non-zero if any fails or its toolchain is missing; SKIP_PYTHON_CLIENT=1,
+# SKIP_GO_CLIENT=1 or SKIP_RUST_CLIENT=1 leaves one out, and SKIP_CLIENT_INSTALL_TEST=1
+# only the PyPI install (offline), each saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export VENV=${VENV:-.venv}
@@ -18,6 +21,18 @@ need() {
   echo "test_clients.sh: '$1' is not on PATH; install it, or set $2=1 to skip that client" >&2
   exit 1
 }
+
+if [ -n "${SKIP_PYTHON_CLIENT:-}" ]; then
+  echo "test_clients.sh: SKIP_PYTHON_CLIENT is set; Python client not tested" >&2
+else
+  echo "== Python client (clients/python)"
+  marks=()
+  if [ -n "${SKIP_CLIENT_INSTALL_TEST:-}" ]; then
+    echo "test_clients.sh: SKIP_CLIENT_INSTALL_TEST is set; the empty-venv install not tested" >&2
+    marks=(-m "not network")
+  fi
+  "$VENV/bin/python" -m pytest clients/python/tests -q "${marks[@]}"
+fi
 
 if [ -n "${SKIP_GO_CLIENT:-}" ]; then
   echo "test_clients.sh: SKIP_GO_CLIENT is set; Go client not tested" >&2
