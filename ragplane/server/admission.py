@@ -5,6 +5,8 @@ trailers, so a client cannot tell when to come back. Instead the handler pool co
 calls it holds (submitted, not finished: the count gRPC compares), and the interceptor,
 which gRPC runs on its event loop before a call is handed to the pool, refuses past the cap
 with `errors.ResourceExhausted`, so the refusal gets the error table's `retry-after`.
+The OpenAI-compatible HTTP API runs its calls on the same pool and asks the same
+`Admission`, so one cap counts the calls of both transports.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class Admission:
     def message(self) -> str:
         return (
             f"the server is handling its limit of {self.limit} concurrent calls; retry after "
-            "the retry-after trailer's seconds, or send fewer calls at once"
+            "the seconds of retry-after (a gRPC trailer, an HTTP header), or send fewer calls "
+            "at once"
         )
 
     def close(self) -> None:

@@ -1,8 +1,8 @@
 """API keys: stored hashed, each with a tenant and scopes (read, write, admin).
 
-A key is sent as `authorization: Bearer <secret>` metadata. The secret is
-`rpk_<key_id>_<random>`; only sha256(secret) is stored (keys are 190-bit random, so a
-fast hash is enough, as for GitHub tokens). With no keys at all, authentication is off
+A key is sent as `authorization: Bearer <secret>` metadata (a header over HTTP). The
+secret is `rpk_<key_id>_<random>`; only sha256(secret) is stored (keys are 190-bit random,
+so a fast hash is enough, as for GitHub tokens). With no keys at all, authentication is off
 and the server may only bind loopback: every call then acts as tenant "default" with
 every scope.
 """
@@ -173,15 +173,21 @@ class KeyStore:
 
     def authenticate(self, method: str, context: grpc.ServicerContext) -> Principal:
         """The interceptor's `before` hook: sets `current` or raises."""
+        header = ""
+        for k, v in context.invocation_metadata() if self.enabled else ():
+            if k == "authorization":
+                header = v if isinstance(v, str) else v.decode()
+        return self.check(method, header)
+
+    def check(self, method: str, header: str, sent_as: str = "metadata") -> Principal:
+        """The principal of an `authorization` value, for a call of the RPC `method` (the
+        HTTP API names the RPC whose scope it needs); sets `current` or raises
+        Unauthenticated (no, malformed or unknown key) or PermissionDenied (scope)."""
         if not self.enabled:
             current.set(ANONYMOUS)
             return ANONYMOUS
-        header = ""
-        for k, v in context.invocation_metadata():
-            if k == "authorization":
-                header = v if isinstance(v, str) else v.decode()
         if not header:
-            raise Unauthenticated("no API key; send metadata `authorization: Bearer <key>`")
+            raise Unauthenticated(f"no API key; send {sent_as} `authorization: Bearer <key>`")
         scheme, _, secret = header.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
             raise Unauthenticated("malformed authorization; expected `Bearer <key>`")

@@ -1,9 +1,10 @@
 """Prometheus metrics (prometheus-client) on their own HTTP port.
 
 One registry per server, so several servers in one process (tests) never collide.
-Request counts and latency per RPC come from the interceptor; batch sizes from the
-embedding batcher and the search coalescer; queue depths, collection sizes and shadow
-agreement / gate status are read at scrape time by a collector.
+Request counts and latency per RPC come from the interceptor, and per HTTP route from the
+OpenAI-compatible API; batch sizes from the embedding batcher (shared by both) and the
+search coalescer; queue depths, collection sizes and shadow agreement / gate status are
+read at scrape time by a collector.
 """
 
 from __future__ import annotations
@@ -97,7 +98,26 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # HTTP apart from the RPCs: its statuses are HTTP's, not gRPC's codes. The passes
+        # above are shared: HTTP and gRPC callers meet in the same batcher.
+        self.http_requests = Counter(
+            "ragplane_http_requests",
+            "HTTP requests served (the OpenAI-compatible API), by route and HTTP status",
+            ["route", "status"],
+            registry=r,
+        )
+        self.http_latency = Histogram(
+            "ragplane_http_request_seconds",
+            "HTTP request latency, by route",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self._http = None
+
+    def observe_http(self, route: str, status: int, seconds: float) -> None:
+        self.http_requests.labels(route, str(status)).inc()
+        self.http_latency.labels(route).observe(seconds)
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
         name = method.rsplit("/", 2)[-2].rsplit(".", 1)[-1] + "/" + method.rsplit("/", 1)[-1]

@@ -105,22 +105,27 @@ class EmbeddingService:
     def queued_texts(self) -> int:
         return sum(b.queued_texts for b in self._batchers.values())
 
-    def validate_texts(self, texts: Sequence[str], *, allow_empty_text: bool = True) -> None:
+    def validate_texts(
+        self, texts: Sequence[str], *, allow_empty_text: bool = True, field: str = "texts"
+    ) -> None:
+        """Raises InvalidArgument naming the request's `field` (`texts` over gRPC, `input`
+        over HTTP) and the limit it broke."""
         if not texts:
-            raise InvalidArgument("texts is empty; send at least one text")
+            raise InvalidArgument(f"{field} is empty; send at least one text")
         if len(texts) > self.max_batch_texts:
             raise InvalidArgument(
                 f"{len(texts)} texts in one request; the limit is {self.max_batch_texts}. "
-                "Split the batch or use EmbedStream"
+                "Split the batch" + (" or use EmbedStream" if field == "texts" else "")
             )
         for i, t in enumerate(texts):
             size = len(t.encode("utf-8", "surrogatepass"))
             if size > self.max_text_bytes:
                 raise InvalidArgument(
-                    f"texts[{i}] is {size} bytes; the limit is {self.max_text_bytes} bytes"
+                    f"{field}[{i}] is {size} bytes; the limit is {self.max_text_bytes} bytes "
+                    "(max_text_bytes)"
                 )
             if not allow_empty_text and not t.strip():
-                raise InvalidArgument(f"texts[{i}] is empty")
+                raise InvalidArgument(f"{field}[{i}] is empty")
 
     def embed(
         self,
@@ -130,8 +135,10 @@ class EmbeddingService:
         truncate: bool = True,
         use_case: str = DEFAULT_USE_CASE,
         is_active: Callable[[], bool] = lambda: True,
+        allow_empty_text: bool = True,
+        field: str = "texts",
     ) -> EmbedResult:
-        self.validate_texts(texts)
+        self.validate_texts(texts, allow_empty_text=allow_empty_text, field=field)
         embedder = self.serving_embedder(use_case or DEFAULT_USE_CASE)
         if truncate:
             tokens = embedder.count_tokens(texts)
@@ -140,7 +147,7 @@ class EmbeddingService:
             for i, n in enumerate(full):
                 if n > embedder.max_seq_length:
                     raise InvalidArgument(
-                        f"texts[{i}] has {n} tokens, over the model's max_seq_length "
+                        f"{field}[{i}] has {n} tokens, over the model's max_seq_length "
                         f"{embedder.max_seq_length}, and truncate is false; shorten it or "
                         "set truncate=true"
                     )
