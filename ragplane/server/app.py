@@ -1,6 +1,7 @@
 """Assembly: `build_runtime(settings)` wires the domain; `create_server(settings)` returns
-`(server, port, runtime)` with health and reflection registered; `serve()` runs until
-SIGTERM/SIGINT and stops gracefully (drains in-flight calls for `grace_seconds`).
+`(server, port, runtime)` with health and reflection registered (and the OpenAI-compatible
+HTTP API serving when `http_port` is set); `serve()` runs until SIGTERM/SIGINT and stops
+gracefully (drains in-flight calls of both for `grace_seconds`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ragplane.server.embedders import canonical, cluster_reembed
 from ragplane.server.embedding import Embedder, load_embedder
 from ragplane.server.embedding.service import EmbeddingService
 from ragplane.server.embedding.warmup import largest_pass, warm_up
+from ragplane.server.http_server import HttpServer, serve_http
 from ragplane.server.interceptors import ServerInterceptor
 from ragplane.server.memory import MemoryService
 from ragplane.server.metrics import Metrics
@@ -76,6 +78,7 @@ class Runtime:
     shadow: ShadowManager | None = None
     metrics: Metrics = field(default_factory=Metrics)
     metrics_port: int = 0
+    http: HttpServer | None = None  # the OpenAI-compatible API, when http_port is set
     health: _HealthOff | None = None  # set by create_server
     # what to close, in reverse order of creation; idempotent
     closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
@@ -322,6 +325,15 @@ def create_server(
     if settings.metrics_port:
         runtime.metrics_port = runtime.metrics.serve(settings.metrics_port, settings.host)
         runtime.closing.callback(runtime.metrics.close)
+    if settings.http_port:
+        try:
+            runtime.http = serve_http(
+                settings, runtime.embedding, runtime.keys, runtime.metrics, admission
+            )
+        except Exception:
+            runtime.close()
+            raise
+        runtime.closing.callback(runtime.http.close)
     return server, port, runtime
 
 
@@ -432,7 +444,7 @@ def serve(settings: Settings) -> None:
         tmp.write_text(str(port))
         tmp.replace(settings.port_file)
     log.info(
-        "ragplane %s serving on %s:%d (embedder %s, data %s%s%s)",
+        "ragplane %s serving on %s:%d (embedder %s, data %s%s%s%s)",
         __version__,
         settings.host,
         port,
@@ -440,6 +452,7 @@ def serve(settings: Settings) -> None:
         settings.data_dir,
         ", TLS" if settings.tls_cert else "",
         f", metrics on :{runtime.metrics_port}" if runtime.metrics_port else "",
+        f", OpenAI-compatible HTTP on :{runtime.http.port}" if runtime.http else "",
     )
     # Python runs signal handlers on the main thread between bytecodes; a bare wait() can
     # sleep through a signal that the kernel delivered to one of gRPC's threads.
@@ -447,6 +460,8 @@ def serve(settings: Settings) -> None:
         pass
     if runtime.health is not None:
         runtime.health.close()
+    if runtime.http is not None:
+        runtime.http.drain()  # alongside gRPC's: in-flight calls of both get the grace
     server.stop(settings.grace_seconds).wait()
     runtime.close()
     log.info("stopped cleanly")

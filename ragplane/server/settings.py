@@ -212,6 +212,12 @@ class Settings(BaseSettings):
         default=SecretStr(""),
     )
     metrics_port: int = _doc("Prometheus /metrics HTTP port; 0 = off.", default=0)
+    http_port: int = _doc(
+        "OpenAI-compatible HTTP API (POST /v1/embeddings, GET /v1/models, GET /health) on "
+        "this port, bound to `host` beside gRPC, with the same API keys, limits, admission "
+        "and batcher; 0 = off.",
+        default=0,
+    )
     log_json: bool = _doc("One JSON object per log line (for log shippers).", default=False)
     log_level: str = _doc("DEBUG | INFO | WARNING | ERROR.", default="INFO")
 
@@ -272,8 +278,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def validate_values(self) -> Settings:
-        if not 0 <= self.port <= 65535:
-            raise InvalidArgument(f"port {self.port} is out of range 0..65535")
+        for name in ("port", "http_port", "metrics_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise InvalidArgument(f"{name} {getattr(self, name)} is out of range 0..65535")
         if self.embedder not in ("auto", "sentence-transformers", "onnx", "embedder_rs", "fake"):
             raise InvalidArgument(
                 f"embedder {self.embedder!r} is unknown; use auto, sentence-transformers, onnx, "

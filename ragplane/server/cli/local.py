@@ -42,13 +42,17 @@ def serve(
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Prometheus port (0 = off).")] = None,
+    http_port: Annotated[
+        int | None, typer.Option(help="OpenAI-compatible HTTP port (0 = off).")
+    ] = None,
     koder_toml: Annotated[
         str | None, typer.Option(help="Shadow pairs: auto | a koder.toml path | '' (none).")
     ] = None,
     log_json: Annotated[bool | None, typer.Option("--log-json/--no-log-json")] = None,
     set_: SetOpt = None,
 ) -> None:
-    """Start the gRPC server (SQLite + FAISS in this process) until SIGTERM."""
+    """Start the gRPC server (SQLite + FAISS in this process), and the OpenAI-compatible
+    HTTP API when --http-port is set, until SIGTERM."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from ragplane.server import logs
@@ -64,6 +68,7 @@ def serve(
             embedder=embedder,
             device=device,
             metrics_port=metrics_port,
+            http_port=http_port,
             koder_toml=koder_toml,
             log_json=log_json,
         )
