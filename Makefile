@@ -35,8 +35,8 @@ install-gpu: install ## also the [gpu] extra: faiss-gpu and onnxruntime-gpu (Lin
 tools: ## pinned Go tools into .tools/bin (grpcurl, protoc-gen-go, protoc-gen-go-grpc)
 	bash scripts/install_tools.sh
 
-serve: install ## install everything and serve on 127.0.0.1:50051 (SQLite + FAISS, one process)
-	$(VENV)/bin/ragplane serve
+serve: install ## install everything and serve gRPC on 127.0.0.1:50051 and OpenAI-style HTTP on :8080 (one process)
+	$(VENV)/bin/ragplane serve --http-port $(or $(HTTP_PORT),8080)
 
 protos: install tools ## regenerate ragplane/v1 and clients/go/ragplanev1 from protos/
 	$(PY) scripts/gen_protos.py
