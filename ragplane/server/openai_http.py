@@ -34,9 +34,11 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import grpc
+import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -165,24 +167,28 @@ def _json_type(value: Any) -> str:
 
 def encode_embeddings(result: EmbedResult, as_base64: bool) -> bytes:
     """OpenAI's reply: one `embedding` per text, in input order, and the tokens counted by
-    the embedder's tokenizer (the token_counts the Embed RPC reports)."""
-    vectors: list[Any]
+    the embedder's tokenizer (the token_counts the Embed RPC reports).
+
+    The vectors' JSON is written here rather than by `json`: floats with 9 significant
+    digits, which give back every float32 exactly, are a third shorter and about twice as
+    quick to write as the 17 of `json`'s float64 repr, and base64 needs no escaping."""
+    if not np.isfinite(result.vectors).all():
+        raise ValueError(f"{result.embedder} returned a vector that is not finite")
     if as_base64:
         le = result.vectors.astype("<f4", copy=False)
-        vectors = [base64.b64encode(row.tobytes()).decode("ascii") for row in le]
+        values = ['"' + base64.b64encode(row.tobytes()).decode("ascii") + '"' for row in le]
     else:
-        vectors = result.vectors.tolist()
-    tokens = sum(result.token_counts)
-    return _json(
-        {
-            "object": "list",
-            "data": [
-                {"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)
-            ],
-            "model": result.embedder,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
+        values = [
+            "[" + ",".join(map(format, row, repeat(".9g"))) + "]" for row in result.vectors.tolist()
+        ]
+    data = ",".join(
+        f'{{"object":"embedding","index":{i},"embedding":{v}}}' for i, v in enumerate(values)
     )
+    tokens = sum(result.token_counts)
+    tail = _json(
+        {"model": result.embedder, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    )
+    return b'{"object":"list","data":[' + data.encode() + b"]," + tail[1:]
 
 
 def _json(value: Any) -> bytes:

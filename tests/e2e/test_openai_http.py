@@ -108,6 +108,7 @@ def test_float_and_base64_equal_the_embed_rpc(srv):
     assert all(d.object == "embedding" for d in as_float.data)
     got = np.array([d.embedding for d in as_float.data])
     assert got.shape == (3, 64) and cosines(got, want).min() >= 0.99999
+    assert np.array_equal(got.astype(np.float32), want)  # 9 digits give float32 back exactly
     n = sum(rpc.token_counts)
     assert (as_float.usage.prompt_tokens, as_float.usage.total_tokens) == (n, n)
     # the client asks for base64 unless told otherwise, and decodes it itself
