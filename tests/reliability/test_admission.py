@@ -139,7 +139,8 @@ def _refused(call, *args, **kw) -> grpc.RpcError:
 
 def test_request_limits_are_refused_clearly(tmp_path):
     srv = InProcessServer(
-        tmp_path / "data", max_batch_texts=4, max_text_bytes=100, max_message_bytes=64 * 1024
+        tmp_path / "data", max_batch_texts=4, max_text_bytes=100, max_message_bytes=64 * 1024,
+        max_item_text_bytes=16 * 1024,
     )
     try:
         s = srv.stubs
