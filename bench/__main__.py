@@ -89,10 +89,17 @@ SECTIONS = {
         "What Ray Serve costs on one machine, where it can only add work: the price of "
         "`embed_backend = ray_serve` before it pays off on replicas across nodes and GPUs.",
     ),
+    "documents": (
+        "13. Long documents: chunked vs not, dense / lexical / hybrid",
+        "bench.documents",
+        "Goals (issue 24): document-level recall@10 of dense search over chunks >= 0.90 and "
+        ">= +0.30 over chunking off; hybrid (default fusion) >= dense, and within 0.05 of "
+        "lexical on word-heavy queries. `python -m bench.documents` (10-15 minutes).",
+    ),
 }
 # Only on request (`--only gpu`): on a machine without CUDA it would overwrite a measured
 # GPU section with "skipped".
-ON_REQUEST = {"gpu", "soak"}  # the soak takes 10 minutes: `make soak`
+ON_REQUEST = {"gpu", "soak", "documents"}  # the soak takes 10 minutes: `make soak`
 
 
 def machine() -> str:

@@ -165,6 +165,7 @@ def chunking_from(s: str) -> Chunking:
     return Chunking(
         enabled=bool(d["enabled"]), max_tokens=int(d["max_tokens"]),
         overlap_tokens=int(d["overlap_tokens"]), splitter=Splitter(d["splitter"]),
+        min_tokens=int(d.get("min_tokens", d["max_tokens"])),
     )
 
 

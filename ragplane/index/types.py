@@ -108,6 +108,7 @@ class Chunking:
     max_tokens: int = 0
     overlap_tokens: int = 0
     splitter: Splitter = Splitter.TEXT
+    min_tokens: int = 0  # a chunk ends at the first boundary past it (<= max_tokens)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ def chunking_from_pb(req: index_pb2.CreateCollectionRequest) -> Chunking | None:
         max_tokens=pb.max_tokens,
         overlap_tokens=pb.overlap_tokens if pb.HasField("overlap_tokens") else -1,
         splitter=SPLITTER_FROM_PB[pb.splitter],
+        min_tokens=pb.min_tokens if pb.HasField("min_tokens") else -1,
     )
 
 
@@ -54,7 +55,7 @@ def chunking_to_pb(c: Chunking) -> index_pb2.Chunking:
         return index_pb2.Chunking(enabled=False)
     return index_pb2.Chunking(enabled=True, max_tokens=c.max_tokens,
                               overlap_tokens=c.overlap_tokens,
-                              splitter=SPLITTER_TO_PB[c.splitter])
+                              splitter=SPLITTER_TO_PB[c.splitter], min_tokens=c.min_tokens)
 
 
 def chunk_hits_to_pb(chunks: Sequence[ChunkHit]) -> list[search_pb2.ChunkHit]:

@@ -70,7 +70,7 @@ def docs(server):
 def test_chunking_is_on_by_default_at_the_window(docs):
     info = describe(docs)
     assert info.chunking.enabled and info.chunking.max_tokens == 256
-    assert info.chunking.overlap_tokens == 32
+    assert info.chunking.overlap_tokens == 32 and info.chunking.min_tokens == 128
     assert info.chunking.splitter == index_pb2.CHUNK_SPLITTER_TEXT
 
 

@@ -30,12 +30,14 @@ DOC = "\n\n".join(corpus(120)) + "\n\nnaïve café — 日本語のテキスト 
 
 
 def test_resolve_fills_in_the_window_and_checks_the_rest():
-    assert resolve(None, 256) == Chunking(True, 256, 32, Splitter.TEXT)
+    assert resolve(None, 256) == Chunking(True, 256, 32, Splitter.TEXT, 128)
     assert resolve(Chunking(enabled=False), 256) == Chunking()
     assert resolve(Chunking(True, 0, -1, Splitter.MARKDOWN), 256) == Chunking(
-        True, 256, 32, Splitter.MARKDOWN)
-    assert resolve(Chunking(True, 128, 0), 256).overlap_tokens == 0
-    for bad in (Chunking(True, 300, 0), Chunking(True, 4, 0), Chunking(True, 64, 33)):
+        True, 256, 32, Splitter.MARKDOWN, 128)
+    assert resolve(Chunking(True, 128, 0), 256) == Chunking(True, 128, 0, Splitter.TEXT, 64)
+    assert resolve(Chunking(True, 128, 0, min_tokens=128), 256).min_tokens == 128
+    for bad in (Chunking(True, 300, 0), Chunking(True, 4, 0), Chunking(True, 64, 33),
+                Chunking(True, 64, 8, min_tokens=65)):
         with pytest.raises(InvalidArgument):
             resolve(bad, 256)
 
@@ -45,10 +47,13 @@ def test_spans_fit_the_window_with_special_tokens_and_cover_the_text(splitter):
     emb = ModelTokens()
     chunker = Chunker(emb)
     assert chunker.special == 2  # [CLS] and [SEP]
-    (spans,) = chunker.spans([DOC], Chunking(True, 256, 32, splitter))
+    (spans,) = chunker.spans([DOC], Chunking(True, 256, 32, splitter, 256))
     pieces = [DOC[s:e] for s, e in spans]
     counts = emb.count_tokens_untruncated(pieces)
     assert len(spans) > 20 and max(counts) <= 256 and max(counts) > 200
+    (halves,) = chunker.spans([DOC], Chunking(True, 256, 32, splitter, 128))
+    counts = emb.count_tokens_untruncated([DOC[s:e] for s, e in halves])
+    assert len(halves) > len(spans) and max(counts) <= 256  # closed past 128 tokens
     assert all(p.strip() == p and p for p in pieces)  # trimmed, never empty
     # every non-space character of the text is in some chunk, in order
     covered = set()
@@ -57,7 +62,7 @@ def test_spans_fit_the_window_with_special_tokens_and_cover_the_text(splitter):
     assert all(DOC[i].isspace() for i in range(len(DOC)) if i not in covered)
     assert [s for s, _ in spans] == sorted(s for s, _ in spans)
     assert _overlaps(spans) > 0  # neighbours may share up to 32 tokens
-    (apart,) = chunker.spans([DOC], Chunking(True, 256, 0, splitter))
+    (apart,) = chunker.spans([DOC], Chunking(True, 256, 0, splitter, 256))
     assert _overlaps(apart) == 0
 
 

@@ -373,6 +373,10 @@ type Chunking struct {
 	// Tokens shared by neighbouring chunks, at most max_tokens / 2; unset = max_tokens / 8.
 	OverlapTokens *int32        `protobuf:"varint,3,opt,name=overlap_tokens,json=overlapTokens,proto3,oneof" json:"overlap_tokens,omitempty"`
 	Splitter      ChunkSplitter `protobuf:"varint,4,opt,name=splitter,proto3,enum=ragplane.v1.ChunkSplitter" json:"splitter,omitempty"`
+	// A chunk ends at the first semantic boundary past min_tokens that keeps it within
+	// max_tokens; 0 or unset = max_tokens / 2. Passages nearer the length the model was trained on
+	// rank better (BENCHMARKS.md section 13); max_tokens fills every chunk to the brim.
+	MinTokens     *int32 `protobuf:"varint,5,opt,name=min_tokens,json=minTokens,proto3,oneof" json:"min_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -433,6 +437,13 @@ func (x *Chunking) GetSplitter() ChunkSplitter {
 		return x.Splitter
 	}
 	return ChunkSplitter_CHUNK_SPLITTER_UNSPECIFIED
+}
+
+func (x *Chunking) GetMinTokens() int32 {
+	if x != nil && x.MinTokens != nil {
+		return *x.MinTokens
+	}
+	return 0
 }
 
 type CollectionInfo struct {
@@ -1177,14 +1188,17 @@ const file_ragplane_v1_index_proto_rawDesc = "" +
 	"\rlexical_index\x18\x06 \x01(\bH\x00R\flexicalIndex\x88\x01\x01\x126\n" +
 	"\bchunking\x18\a \x01(\v2\x15.ragplane.v1.ChunkingH\x01R\bchunking\x88\x01\x01B\x10\n" +
 	"\x0e_lexical_indexB\v\n" +
-	"\t_chunking\"\xba\x01\n" +
+	"\t_chunking\"\xed\x01\n" +
 	"\bChunking\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\x02 \x01(\x05R\tmaxTokens\x12*\n" +
 	"\x0eoverlap_tokens\x18\x03 \x01(\x05H\x00R\roverlapTokens\x88\x01\x01\x126\n" +
-	"\bsplitter\x18\x04 \x01(\x0e2\x1a.ragplane.v1.ChunkSplitterR\bsplitterB\x11\n" +
-	"\x0f_overlap_tokens\"\xcd\x03\n" +
+	"\bsplitter\x18\x04 \x01(\x0e2\x1a.ragplane.v1.ChunkSplitterR\bsplitter\x12\"\n" +
+	"\n" +
+	"min_tokens\x18\x05 \x01(\x05H\x01R\tminTokens\x88\x01\x01B\x11\n" +
+	"\x0f_overlap_tokensB\r\n" +
+	"\v_min_tokens\"\xcd\x03\n" +
 	"\x0eCollectionInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x10\n" +

@@ -75,16 +75,18 @@ class CreateCollectionRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., metric: _Optional[_Union[Metric, str]] = ..., index_type: _Optional[_Union[IndexType, str]] = ..., dim: _Optional[int] = ..., params: _Optional[_Union[IndexParams, _Mapping]] = ..., lexical_index: _Optional[bool] = ..., chunking: _Optional[_Union[Chunking, _Mapping]] = ...) -> None: ...
 
 class Chunking(_message.Message):
-    __slots__ = ("enabled", "max_tokens", "overlap_tokens", "splitter")
+    __slots__ = ("enabled", "max_tokens", "overlap_tokens", "splitter", "min_tokens")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OVERLAP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SPLITTER_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     max_tokens: int
     overlap_tokens: int
     splitter: ChunkSplitter
-    def __init__(self, enabled: _Optional[bool] = ..., max_tokens: _Optional[int] = ..., overlap_tokens: _Optional[int] = ..., splitter: _Optional[_Union[ChunkSplitter, str]] = ...) -> None: ...
+    min_tokens: int
+    def __init__(self, enabled: _Optional[bool] = ..., max_tokens: _Optional[int] = ..., overlap_tokens: _Optional[int] = ..., splitter: _Optional[_Union[ChunkSplitter, str]] = ..., min_tokens: _Optional[int] = ...) -> None: ...
 
 class CollectionInfo(_message.Message):
     __slots__ = ("name", "count", "dim", "metric", "index_type", "embedder", "generation", "tombstones", "params", "created_at", "lexical_index", "chunking", "chunks")
