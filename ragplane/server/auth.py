@@ -123,7 +123,7 @@ class KeyStore:
         bad = [s for s in scopes if s not in SCOPES]
         if bad or not scopes:
             raise InvalidArgument(f"scopes must be a non-empty subset of {', '.join(SCOPES)}")
-        key_id = secrets.token_hex(6) if secret is None else _hash(secret)[:12]
+        key_id = secrets.token_hex(6) if secret is None else _key_id(secret)
         secret = secret or f"rpk_{key_id}_{secrets.token_urlsafe(24)}"
         info = KeyInfo(key_id, tenant, tuple(sorted(set(scopes))), description, time.time(), False)
         with self._lock, storage_errors(self._dir):
@@ -162,11 +162,7 @@ class KeyStore:
         return True
 
     def _lookup(self, secret: str) -> Principal | None:
-        if secret.startswith("rpk_") and secret.count("_") >= 2:
-            kid = secret.split("_", 2)[1]
-        else:
-            kid = _hash(secret)[:12]
-        entry = self._cache.get(kid)
+        entry = self._cache.get(_key_id(secret))
         if entry and hmac.compare_digest(entry[0], _hash(secret)):
             return entry[1]
         return None
@@ -205,3 +201,11 @@ class KeyStore:
 
     def close(self) -> None:
         self._db.close()
+
+
+def _key_id(secret: str) -> str:
+    """The id a secret is stored under: the one it names (`rpk_<id>_...`), else one derived
+    from its hash (a bootstrap key of any form). One rule for storing and looking up."""
+    if secret.startswith("rpk_") and secret.count("_") >= 2:
+        return secret.split("_", 2)[1]
+    return _hash(secret)[:12]

@@ -325,3 +325,15 @@ def test_without_keys_loopback_binds_and_warns(tmp_path, caplog):
     finally:
         server.stop(0).wait()
         runtime.close()
+
+
+@pytest.mark.parametrize("secret", ["rpk_boot01_s3cret-of-the-operator", "any-form-of-secret"])
+def test_a_bootstrap_key_of_either_form_authenticates(tmp_path, secret):
+    srv = InProcessServer(tmp_path / "data", bootstrap_admin_key=secret)
+    try:
+        srv.stubs.index.CreateCollection(index_pb2.CreateCollectionRequest(name="c"),
+                                         metadata=md(secret))
+        assert code(srv.stubs.index.ListCollections, index_pb2.ListCollectionsRequest(),
+                    metadata=md(secret + "x")) == UNAUTH
+    finally:
+        srv.stop()
