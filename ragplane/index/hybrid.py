@@ -31,7 +31,7 @@ from ragplane.index.filters import compile_filter
 from ragplane.index.fts_query import match_expression, query_terms
 from ragplane.index.fusion import Fused, check, fuse
 from ragplane.index.state import Coll
-from ragplane.index.types import Filter, Fusion, Hit, Metric, SearchResult
+from ragplane.index.types import Filter, Fusion, Hit, SearchResult
 from ragplane.index.validate import MAX_TOP_K, check_top_k, query_vectors
 
 # Each ranking contributes this many candidates (at least) to the fusion: deep enough that
@@ -189,8 +189,8 @@ def search_hybrid(
     lexical_of = (
         lexical.scores_of_seqs(conn, coll.id, match, unscored) if match and unscored else {}
     )
-    passages, extra = chunks.passages(conn, [g for _, g in groups], include_text, True,
-                                      include_text)
+    passages, extra = chunks.passages(conn, [g for _, g in groups], include_text,
+                                      include_metadata, include_text)
     hits = []
     for (item_id, g), ch in zip(groups, passages, strict=True):
         seq, f = g[0][0], by_seq[g[0][0]]
@@ -199,9 +199,8 @@ def search_hybrid(
         text_, md = extra[seq]
         d = f.dense if f.dense is not None else dense_of.get(seq, 0.0)
         lx = f.lexical if f.lexical is not None else lexical_of.get(seq, 0.0)
-        hits.append(Hit(id=item_id, score=f.score, text=text_,
-                        metadata=md if include_metadata else {}, dense=d, lexical=lx,
-                        fused=f.score, chunks=ch))
+        hits.append(Hit(id=item_id, score=f.score, text=text_, metadata=md, dense=d,
+                        lexical=lx, fused=f.score, chunks=ch))
     return SearchResult(hits=hits, returned_k=len(hits), exhaustive=exhaustive)
 
 
@@ -211,11 +210,4 @@ def _dense_scores(conn: sqlite3.Connection, coll: Coll, q: np.ndarray, seqs: lis
     if not seqs:
         return {}
     found, vecs = repo.vectors_of(conn, np.asarray(seqs, dtype=np.int64), coll.dim)
-    return {int(s): _score_vec(coll.metric, v, q) for s, v in zip(found, vecs, strict=True)}
-
-
-def _score_vec(metric: Metric, v: np.ndarray, q: np.ndarray) -> float:
-    """The dense score of a stored vector, as FAISS reports it (higher is better)."""
-    if metric == Metric.L2:
-        return -float(np.sum((v - q) ** 2))
-    return float(v @ q)
+    return dict(zip(found.tolist(), chunks.scores(coll.metric, vecs, q).tolist(), strict=True))
