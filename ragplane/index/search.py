@@ -75,11 +75,7 @@ def search(
     k = check_top_k(top_k)
     per_hit = chunks.check_chunks_per_hit(chunks_per_hit)
     q = query_vectors(queries, coll.dim, coll.metric, coll.name)
-    found = None
-    if filter is not None and not filter.is_empty():
-        found = matching(ctx, coll, filter)
-    elif filter is not None:
-        compile_filter(filter)
+    found = _matches(ctx, coll, filter)
     grouped = coll.chunking.enabled or coll.split
     with coll.rw.read():
         if coll.dropped:
@@ -103,14 +99,22 @@ def search(
     return out
 
 
+def _matches(ctx: Context, coll: Coll, filter: Filter | None) -> np.ndarray | None:
+    """The rows a non-empty filter matches (None: no filter, every live row); an empty
+    filter is only validated."""
+    if filter is not None and not filter.is_empty():
+        return matching(ctx, coll, filter)
+    if filter is not None:
+        compile_filter(filter)
+    return None
+
+
 def ranked_rows(
     ctx: Context, coll: Coll, q: np.ndarray, depth: int, filter: Filter | None
 ) -> tuple[list[tuple[int, str, float]], bool]:
     """The best `depth` live rows (chunks) for the one query `q` ([dim], prepared), as
     (seq, item id, score), and whether the ranking is exact: hybrid search's dense side."""
-    found = None
-    if filter is not None and not filter.is_empty():
-        found = matching(ctx, coll, filter)
+    found = _matches(ctx, coll, filter)
     with coll.rw.read():
         if coll.dropped:
             raise NotFound(f"collection {coll.name!r} was deleted")

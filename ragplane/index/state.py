@@ -132,7 +132,6 @@ class Coll:
         """Whether some live item has several chunks (searches then group rows by item)."""
         return bool(self.tails)
 
-    # -- called with rw held (either mode) --
     def live_selector(self) -> fx.BitmapSelector:
         sel = self._live_sel
         if sel is None:
