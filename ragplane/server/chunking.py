@@ -29,6 +29,8 @@ DEFAULT_OVERLAP_DIVISOR = 8  # overlap unset: max_tokens / 8 tokens shared by ne
 # BENCHMARKS.md section 13's documents), for a third more vectors.
 DEFAULT_MIN_DIVISOR = 2
 
+_CHUNKERS: dict[str, Chunker] = {}  # by embedder identity (chunker_for)
+
 
 def resolve(requested: Chunking | None, window: int) -> Chunking:
     """The chunking a new collection records: `requested` checked against the embedder's
@@ -73,6 +75,15 @@ def check_window(chunking: Chunking, embedder: Any, collection: str) -> None:
             "truncated. Create a collection with chunking.max_tokens <= "
             f"{embedder.max_seq_length} and upsert the documents into it"
         )
+
+
+def chunker_for(embedder: Any) -> Chunker:
+    """The one Chunker of an embedder (by identity), made on first use: collections and
+    memory share it and its splitters."""
+    c = _CHUNKERS.get(embedder.identity)
+    if c is None:
+        c = _CHUNKERS.setdefault(embedder.identity, Chunker(embedder))
+    return c
 
 
 class Chunker:

@@ -73,7 +73,6 @@ class CollectionService:
         self.embedding = embedding
         self.max_batch_items = max_batch_items
         self.max_item_text_bytes = max_item_text_bytes
-        self._chunkers: dict[str, chunking.Chunker] = {}
         self._compatible = compatible or (lambda a, b: a == b)
         self.searches = SearchCoalescer(engine, max_batch=search_max_batch)
 
@@ -172,7 +171,7 @@ class CollectionService:
                     f"items[{i}] (id {records[i].id!r}) has neither a vector nor text"
                 )
         embedder = self._embedder_for(info, "item text")
-        chunker = self._chunker(embedder)
+        chunker = chunking.chunker_for(embedder)
         texts = [records[i].text for i in to_embed]
         records = list(records)
         if info.chunking.enabled:
@@ -206,12 +205,6 @@ class CollectionService:
                         f"{self.max_item_text_bytes} bytes (max_item_text_bytes); split the "
                         "document into several items"
                     )
-
-    def _chunker(self, embedder) -> chunking.Chunker:
-        c = self._chunkers.get(embedder.identity)
-        if c is None:
-            c = self._chunkers[embedder.identity] = chunking.Chunker(embedder)
-        return c
 
     def _embed_all(self, texts: list[str], is_active: Callable[[], bool]) -> tuple[np.ndarray, str]:
         """Embed any number of texts, in requests the embedding service accepts."""
@@ -265,17 +258,18 @@ class CollectionService:
         if mode is SearchMode.HYBRID:
             check_fusion(fusion)  # before the embedding is paid for
         identity = ""
-        if mode is not SearchMode.LEXICAL and text is not None:
-            self._embedder_for(self.engine.describe(tenant, name), "the query text")
+        info = self.engine.describe(tenant, name) if mode is not SearchMode.LEXICAL else None
+        if info is not None and text is not None:
+            self._embedder_for(info, "the query text")
             result = self.embedding.embed([text], is_active=is_active)
             vector, identity = result.vectors[0], result.embedder
         assert vector is not None or mode is SearchMode.LEXICAL
         if mode is SearchMode.DENSE:
+            assert info is not None
             if vector.ndim != 1:
                 raise InvalidArgument(f"query vector must be one vector, got shape {vector.shape}")
             # checked here, not only in the engine: a bad query must fail alone, before the
             # coalescer batches it with other callers' searches
-            info = self.engine.describe(tenant, name)
             query_vectors(vector, info.dim, info.metric, name)
         options = {"filter": filter, "include_text": include_text,
                    "chunks_per_hit": chunks_per_hit}

@@ -102,7 +102,6 @@ class MemoryService:
         self._store = self.engine.of_kind(Kind.MEMORY)
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        self._chunkers: dict[str, chunking.Chunker] = {}
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
 
@@ -241,10 +240,7 @@ class MemoryService:
         embedder = self.embedding.serving_embedder()
         spans = [(0, len(text))]
         if ch.enabled:
-            c = self._chunkers.get(embedder.identity)
-            if c is None:
-                c = self._chunkers[embedder.identity] = chunking.Chunker(embedder)
-            spans = c.spans([text], ch)[0]
+            spans = chunking.chunker_for(embedder).spans([text], ch)[0]
         vecs = self.embedding.embed([text[s:e] for s, e in spans], is_active=is_active).vectors
         if len(spans) == 1:
             return vecs[0], []
