@@ -50,9 +50,10 @@ def _json_path(field: Any, where: str) -> str:
     return "$" + "".join(f'."{p}"' for p in parts)
 
 
-def field_path(field: str) -> str:
-    """The SQLite JSON path of a dotted metadata field ("a.b" -> '$."a"."b"')."""
-    return _json_path(field, f"field {field!r}")
+def field_path(field: str, where: str = "") -> str:
+    """The SQLite JSON path of a dotted metadata field ("a.b" -> '$."a"."b"'); `where`
+    names it in the refusal of a bad one (default: "field '<name>'")."""
+    return _json_path(field, where or f"field {field!r}")
 
 
 def _check_scalar(value: Any, where: str) -> None:

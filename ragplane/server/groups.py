@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from ragplane.core.errors import InvalidArgument
+from ragplane.index.filters import field_path
 from ragplane.index.types import HitGroup, SearchResult
 from ragplane.index.validate import MAX_TOP_K
 
@@ -21,8 +22,9 @@ _MISSING = object()
 
 def check(field: str, size: int, limit: int, top_k: int) -> tuple[int, int]:
     """(group size, group limit) with defaults filled in; InvalidArgument when unusable."""
-    if not field.strip() or any(not p for p in field.split(".")):
+    if not field.strip():
         raise InvalidArgument(f"group_by {field!r} is not a metadata field name (dotted)")
+    field_path(field, f"group_by {field!r}")  # the rule every metadata field name follows
     size, limit = size or 1, limit or top_k
     if not 1 <= size <= MAX_GROUP_SIZE:
         raise InvalidArgument(f"group_size must be from 0 to {MAX_GROUP_SIZE} (0 = 1), got {size}")

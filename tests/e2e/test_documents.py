@@ -158,6 +158,9 @@ def test_search_groups_by_a_metadata_field(docs):
     assert res.groups[0].key.string_value == "a"  # corpus(30)[0] is a0
     assert code_of(lambda: search(docs, "x", DENSE, group_by="src", group_size=101))[0] == (
         grpc.StatusCode.INVALID_ARGUMENT)
+    for bad in ("a..b", 'a"b', " "):  # the rule of every metadata field name
+        code, details = code_of(lambda b=bad: search(docs, "x", DENSE, group_by=b))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "group_by" in details
 
 
 def test_chunking_off_embeds_truncated_and_says_how_many(server):
