@@ -36,7 +36,10 @@ K = 10
 MODES = {
     "dense": (common_pb2.SEARCH_MODE_DENSE, None),
     "lexical (BM25)": (common_pb2.SEARCH_MODE_LEXICAL, None),
-    "hybrid, RRF k=60": (common_pb2.SEARCH_MODE_HYBRID, None),
+    "hybrid, RRF k=60": (
+        common_pb2.SEARCH_MODE_HYBRID,
+        common_pb2.Fusion(method=common_pb2.FUSION_METHOD_RRF),
+    ),
     "hybrid, weighted 0.5": (
         common_pb2.SEARCH_MODE_HYBRID,
         common_pb2.Fusion(method=common_pb2.FUSION_METHOD_WEIGHTED),
@@ -166,7 +169,9 @@ def _in_process(texts, queries, x, qv) -> tuple[dict, float]:
         runs = {
             "dense": lambda i: eng.search("b", "lat", qv[i], K),
             "lexical (BM25)": lambda i: eng.search_lexical("b", "lat", queries[i], K),
-            "hybrid, RRF k=60": lambda i: eng.search_hybrid("b", "lat", queries[i], qv[i], K),
+            "hybrid, RRF k=60": lambda i: eng.search_hybrid(
+                "b", "lat", queries[i], qv[i], K, fusion=Fusion(FusionMethod.RRF)
+            ),
             "hybrid, weighted 0.5": lambda i: eng.search_hybrid(
                 "b", "lat", queries[i], qv[i], K, fusion=Fusion(FusionMethod.WEIGHTED)
             ),
@@ -193,15 +198,17 @@ def _served(texts, queries, x) -> dict[str, list[float]]:
             index.Upsert(index_pb2.UpsertRequest(collection="lat", items=items), timeout=600)
         stub = search_pb2_grpc.SearchServiceStub(ch)
 
-        def call(mode: int) -> Callable[[int], object]:
+        def call(mode: int, fusion: common_pb2.Fusion | None = None) -> Callable[[int], object]:
             return lambda i: stub.Search(
-                search_pb2.SearchRequest(collection="lat", text=queries[i], top_k=K, mode=mode)
+                search_pb2.SearchRequest(
+                    collection="lat", text=queries[i], top_k=K, mode=mode, fusion=fusion
+                )
             )
 
         runs = {
             "dense": call(common_pb2.SEARCH_MODE_DENSE),
             "lexical (BM25)": call(common_pb2.SEARCH_MODE_LEXICAL),
-            "hybrid, RRF k=60": call(common_pb2.SEARCH_MODE_HYBRID),
+            "hybrid, RRF k=60": call(common_pb2.SEARCH_MODE_HYBRID, MODES["hybrid, RRF k=60"][1]),
         }
         for fn in runs.values():
             for i in range(10):

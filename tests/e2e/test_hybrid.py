@@ -76,7 +76,8 @@ def test_weighted_fusion_and_rrf_k_are_honoured(docs):
     all_lexical = common_pb2.Fusion(method=common_pb2.FUSION_METHOD_WEIGHTED, dense_weight=0.0)
     r = search(docs, "E1102", HYBRID, fusion=all_lexical)
     assert r.hits[0].id == "id1" and r.hits[0].fused_score == pytest.approx(1.0)
-    r = search(docs, "E1102", HYBRID, fusion=common_pb2.Fusion(rrf_k=1, dense_weight=0.0))
+    rrf = common_pb2.Fusion(method=common_pb2.FUSION_METHOD_RRF, rrf_k=1, dense_weight=0.0)
+    r = search(docs, "E1102", HYBRID, fusion=rrf)
     assert r.hits[0].fused_score == pytest.approx(2.0 / 2)  # 2 * (1 - w) / (k + rank 1)
 
 

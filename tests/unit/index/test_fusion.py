@@ -34,7 +34,7 @@ def test_rrf_matches_the_formula():
 
 def test_rrf_k_and_weight():
     dense, lexical = [("a", 1.0)], [("b", 1.0)]
-    out = {f.id: f.score for f in fuse(dense, lexical, Fusion(rrf_k=1, dense_weight=0.75))}
+    out = {f.id: f.score for f in fuse(dense, lexical, Fusion(FusionMethod.RRF, 1, 0.75))}
     assert out["a"] == pytest.approx(1.5 / 2)
     assert out["b"] == pytest.approx(0.5 / 2)
     only_lexical = fuse(dense, lexical, Fusion(dense_weight=0.0))
@@ -69,7 +69,7 @@ def test_repeated_id_keeps_its_best_score():
 @given(
     st.lists(st.tuples(st.sampled_from("abcdefgh"), st.floats(-5, 5)), max_size=12),
     st.lists(st.tuples(st.sampled_from("defghijk"), st.floats(0, 50)), max_size=12),
-    st.sampled_from([RRF, WEIGHTED, Fusion(rrf_k=1, dense_weight=0.3)]),
+    st.sampled_from([RRF, WEIGHTED, Fusion(FusionMethod.RRF, 1, 0.3)]),
     st.randoms(use_true_random=False),
 )
 def test_fused_order_is_deterministic_and_complete(dense, lexical, fusion, rnd: random.Random):
