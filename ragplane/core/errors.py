@@ -46,7 +46,12 @@ class PermissionDenied(RagplaneError):
 
 
 class Unavailable(RagplaneError):
-    """The server is shutting down or a dependency is not ready; retry elsewhere or later."""
+    """The server is shutting down or a dependency is not ready; retry elsewhere or after
+    `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class StorageFull(ResourceExhausted):

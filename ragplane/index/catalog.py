@@ -23,15 +23,8 @@ def create(
     False, and `chunking` recorded (the server splits by it). Raises AlreadyExists if
     (tenant, name) is taken."""
     ctx.check_open()
-    check_name(name)
-    if not isinstance(tenant, str) or not tenant:
-        raise InvalidArgument("tenant must be a non-empty string")
-    dim = check_dim(dim)
-    metric = to_enum(Metric, metric, "metric")
-    index_type = to_enum(IndexType, index_type, "index_type")
-    params = check_params(index_type, dim, params)
-    if not isinstance(embedder, str):
-        raise InvalidArgument("embedder must be a string (name@version)")
+    dim, metric, index_type, params = checked(tenant, name, dim, metric, index_type, params,
+                                              embedder)
     # ivf_pq needs training data: serve exactly until a rebuild can train it
     kind = IndexType.FLAT if index_type == IndexType.IVF_PQ else index_type
     rparams = fx.resolve_params(kind, dim, params)
@@ -67,6 +60,23 @@ def create(
         )
         ctx.register(coll)
     return info(coll)
+
+
+def checked(
+    tenant: str, name: str, dim: int, metric: Metric, index_type: IndexType, params: IndexParams,
+    embedder: str,
+) -> tuple[int, Metric, IndexType, IndexParams]:
+    """A new collection's settings checked, as (dim, metric, index_type, params)."""
+    check_name(name)
+    if not isinstance(tenant, str) or not tenant:
+        raise InvalidArgument("tenant must be a non-empty string")
+    dim = check_dim(dim)
+    metric = to_enum(Metric, metric, "metric")
+    index_type = to_enum(IndexType, index_type, "index_type")
+    params = check_params(index_type, dim, params)
+    if not isinstance(embedder, str):
+        raise InvalidArgument("embedder must be a string (name@version)")
+    return dim, metric, index_type, params
 
 
 def delete(ctx: Context, tenant: str, name: str) -> None:

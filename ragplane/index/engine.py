@@ -221,6 +221,10 @@ class Engine:
         record of the previous page. Paged in SQL: a page costs its own size."""
         return reads.page(self._ctx, tenant, name, order_by, after, limit, filter)
 
+    def ids_matching(self, tenant: str, name: str, filter: Filter) -> list[str]:
+        """The ids of the live items matching `filter`, sorted."""
+        return reads.ids_matching(self._ctx, tenant, name, filter)
+
     def count_matching(self, tenant: str, name: str, filter: Filter | None) -> int:
         """How many live items match `filter` (all live items when None or empty)."""
         return reads.count_matching(self._ctx, tenant, name, filter)

@@ -88,6 +88,15 @@ def count_matching(ctx: Context, tenant: str, name: str, filter: Filter | None) 
         return int(live.size)
 
 
+def ids_matching(ctx: Context, tenant: str, name: str, filter: Filter) -> list[str]:
+    """The ids of the live items matching `filter` (a delete by filter, said as ids)."""
+    coll = ctx.get(tenant, name)
+    found = matching(ctx, coll, filter)
+    with coll.rw.read():
+        live = found[coll.live.contains(found)]
+        return sorted({coll.seq_to_id[s] for s in live.tolist() if s in coll.seq_to_id})
+
+
 def matching(ctx: Context, coll: Coll, flt: Filter) -> np.ndarray:
     """Sequence numbers of the rows matching `flt` (possibly including rows deleted
     since: callers intersect with the live set). Results are cached per collection

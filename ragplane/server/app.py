@@ -23,11 +23,13 @@ from grpc_reflection.v1alpha import reflection
 from ragplane.core.errors import InvalidArgument
 from ragplane.index import CollectionInfo, Engine
 from ragplane.index.gpu import faiss_gpu_available
+from ragplane.index.pg import open_shared
 from ragplane.server import __version__
 from ragplane.server.admin import AdminOps
 from ragplane.server.admission import Admission, CountingExecutor
 from ragplane.server.auth import DEFAULT_TENANT, SCOPES, KeyStore
 from ragplane.server.collections import CollectionService
+from ragplane.server.consistency import Gate
 from ragplane.server.embedders import canonical, cluster_reembed
 from ragplane.server.embedding import Embedder, load_embedder
 from ragplane.server.embedding.service import EmbeddingService
@@ -201,18 +203,25 @@ def _warm_up(settings: Settings, canonical: Embedder, shadow: ShadowManager | No
 
 
 def _open_engine(settings: Settings, data_dir: Path) -> Engine:
+    """The embedded store, or (a PostgreSQL URL) a SharedEngine: the Engine's face over it."""
     use_gpu = settings.faiss_gpu != "off" and faiss_gpu_available()
     if settings.faiss_gpu == "on" and not use_gpu:
         raise InvalidArgument(
             "faiss_gpu=on but FAISS has no GPU support or sees no GPU; install the [gpu] "
             "extra (make install-gpu) on a CUDA machine, or set faiss_gpu=auto"
         )
-    return Engine(
-        data_dir,
-        checkpoint_every=settings.checkpoint_every,
-        use_gpu=use_gpu,
-        integrity_check=settings.integrity_check,
-    )
+
+    def open_local(path: Path) -> Engine:
+        return Engine(
+            path,
+            checkpoint_every=settings.checkpoint_every,
+            use_gpu=use_gpu,
+            integrity_check=settings.integrity_check,
+        )
+
+    if settings.store == "sqlite":
+        return open_local(data_dir)
+    return open_shared(settings.store, data_dir / "cache", open_local, settings.store_log_keep)
 
 
 def _build_shadow(
@@ -303,8 +312,10 @@ def create_server(
     pool = CountingExecutor(max_workers=settings.workers, thread_name_prefix="rpc")
     admission = Admission(pool, limit=settings.workers * 8)
     runtime.closing.callback(admission.close)
+    replica = getattr(runtime.engine, "replica", None)  # a PostgreSQL store
     interceptor = ServerInterceptor(
-        before=runtime.keys.authenticate, after=runtime.metrics.observe_rpc, admission=admission
+        before=runtime.keys.authenticate, after=runtime.metrics.observe_rpc, admission=admission,
+        consistency=Gate(replica, settings.consistency_wait_ms) if replica else None,
     )
     # No maximum_concurrent_rpcs: gRPC would refuse without retry-after; Admission caps instead.
     server = grpc.server(pool, interceptors=[interceptor], options=options)

@@ -62,7 +62,7 @@ def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> No
         )
     else:
         message = str(exc)
-    if isinstance(exc, errors.ResourceExhausted):
+    if isinstance(exc, (errors.ResourceExhausted, errors.Unavailable)):
         # set_trailing_metadata replaces the whole set: the request id that `start` put
         # there goes in again, or the caller of a refused call would have none to quote.
         context.set_trailing_metadata(
@@ -86,10 +86,14 @@ class ServerInterceptor(grpc.ServerInterceptor):
         before: Hook | None = None,
         after: Callable[[str, str, float], None] | None = None,
         admission: Admission | None = None,
+        consistency: Any = None,
     ) -> None:
+        """`consistency` (a `ragplane.server.consistency.Gate`, with a PostgreSQL store)
+        sees each unary request before its servicer and each reply after it."""
         self._before = before
         self._after = after
         self._admission = admission
+        self._gate = consistency
 
     def intercept_service(self, continuation, handler_call_details):  # type: ignore[override]
         handler = continuation(handler_call_details)
@@ -100,6 +104,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
             return handler
         before, after = self._before, self._after
         admission = self._admission
+        gate = self._gate if self._gate is not None and self._gate.applies(method) else None
         refused = admission is not None and not admission.admit()
         if refused:
             handler = _refusing(handler, admission.message())
@@ -124,7 +129,11 @@ class ServerInterceptor(grpc.ServerInterceptor):
                 code = "OK"
                 try:
                     t0 = start(context)
-                    return behavior(_checked(request_or_iterator), context)
+                    request = _checked(request_or_iterator)
+                    if gate is None:
+                        return behavior(request, context)
+                    gate.before(request)
+                    return gate.after(behavior(request, context))
                 except Exception as exc:
                     code = (status_of(exc) or grpc.StatusCode.INTERNAL).name
                     if _is_abort(exc):

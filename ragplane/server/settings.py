@@ -79,6 +79,22 @@ class Settings(BaseSettings):
     data_dir: str = _doc(
         "Where SQLite (the source of truth) and FAISS checkpoints live.", default="./ragplane-data"
     )
+    store: str = _doc(
+        "Where the truth lives: `sqlite` (embedded, in data_dir: one server) or a PostgreSQL "
+        "URL (postgresql://user@host:port/db: any number of servers share it; each keeps its "
+        "indexes in data_dir/cache, applied from PostgreSQL's change log).",
+        default="sqlite",
+    )
+    consistency_wait_ms: int = _doc(
+        "How long a read that carries a consistency_token waits for this server to apply "
+        "that write before it answers UNAVAILABLE (PostgreSQL store).",
+        default=2000,
+    )
+    store_log_keep: int = _doc(
+        "Changes the PostgreSQL change log keeps; a server further behind reloads its "
+        "indexes from the tables.",
+        default=1_000_000,
+    )
     embedder: str = _doc(
         "Canonical embedder: auto | sentence-transformers | onnx | embedder_rs | fake. "
         "auto = onnx on CPU, sentence-transformers (torch) on CUDA, the faster of the two "
@@ -300,6 +316,11 @@ class Settings(BaseSettings):
             )
         if self.faiss_gpu not in ("auto", "on", "off"):
             raise InvalidArgument(f"faiss_gpu {self.faiss_gpu!r} is unknown; use auto, on or off")
+        if self.store != "sqlite" and not self.store.startswith(("postgresql://", "postgres://")):
+            raise InvalidArgument(
+                f"store {self.store!r} is unknown; use sqlite or a PostgreSQL URL "
+                "(postgresql://user@host:port/db)"
+            )
         if self.integrity_check not in ("quick", "full", "off"):
             raise InvalidArgument(
                 f"integrity_check {self.integrity_check!r} is unknown; use quick, full or off"

@@ -25,6 +25,27 @@ from ragplane.v1 import (
 
 ROOT = Path(__file__).resolve().parents[2]
 
+#: Set (by scripts/run_tests.sh) to a PostgreSQL URL with the right to create databases:
+#: every server of the harness then uses a PostgreSQL store, a database per data directory.
+TEST_PG_ENV = "RAGPLANE_TEST_PG"
+
+
+def test_store(data_dir: Path) -> str | None:
+    """The PostgreSQL store of a test server's data directory (its own database, kept
+    across restarts over that directory), or None for the embedded store."""
+    admin = os.environ.get(TEST_PG_ENV, "")
+    if not admin:
+        return None
+    import hashlib
+
+    import psycopg
+
+    name = "rp_" + hashlib.sha1(str(Path(data_dir).resolve()).encode()).hexdigest()[:16]
+    with psycopg.connect(admin, autocommit=True) as c:
+        if not c.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            c.execute(f'CREATE DATABASE "{name}"')
+    return admin.rsplit("/", 1)[0] + "/" + name
+
 
 @dataclass
 class Stubs:
@@ -77,6 +98,8 @@ class InProcessServer:
         self.clock = clock
         self.shadow_embedders = shadow_embedders
         self.overrides = {"embedder": embedder_name, "koder_toml": "", **overrides}
+        if "store" not in overrides and (url := test_store(data_dir)):
+            self.overrides["store"] = url
         self.server = self.runtime = self.stubs = None
         self.start()
 
@@ -134,6 +157,8 @@ class SubprocessServer:
     def start(self, timeout: float = 60.0) -> None:
         port_file = self.data_dir.parent / f"{self.data_dir.name}.port"
         port_file.unlink(missing_ok=True)
+        url = None if any("store=" in a for a in self.extra) else test_store(self.data_dir)
+        store = ["--set", f"store={url}"] if url else []
         self.log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
@@ -151,6 +176,7 @@ class SubprocessServer:
                 f"port_file={port_file}",
                 "--set",
                 "koder_toml=",
+                *store,
                 *self.extra,
             ],
             cwd=ROOT,

@@ -89,7 +89,7 @@ class Chunking(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., max_tokens: _Optional[int] = ..., overlap_tokens: _Optional[int] = ..., splitter: _Optional[_Union[ChunkSplitter, str]] = ..., min_tokens: _Optional[int] = ...) -> None: ...
 
 class CollectionInfo(_message.Message):
-    __slots__ = ("name", "count", "dim", "metric", "index_type", "embedder", "generation", "tombstones", "params", "created_at", "lexical_index", "chunking", "chunks")
+    __slots__ = ("name", "count", "dim", "metric", "index_type", "embedder", "generation", "tombstones", "params", "created_at", "lexical_index", "chunking", "chunks", "consistency_token")
     NAME_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,7 @@ class CollectionInfo(_message.Message):
     LEXICAL_INDEX_FIELD_NUMBER: _ClassVar[int]
     CHUNKING_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     name: str
     count: int
     dim: int
@@ -116,7 +117,8 @@ class CollectionInfo(_message.Message):
     lexical_index: bool
     chunking: Chunking
     chunks: int
-    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., dim: _Optional[int] = ..., metric: _Optional[_Union[Metric, str]] = ..., index_type: _Optional[_Union[IndexType, str]] = ..., embedder: _Optional[str] = ..., generation: _Optional[int] = ..., tombstones: _Optional[int] = ..., params: _Optional[_Union[IndexParams, _Mapping]] = ..., created_at: _Optional[float] = ..., lexical_index: _Optional[bool] = ..., chunking: _Optional[_Union[Chunking, _Mapping]] = ..., chunks: _Optional[int] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., dim: _Optional[int] = ..., metric: _Optional[_Union[Metric, str]] = ..., index_type: _Optional[_Union[IndexType, str]] = ..., embedder: _Optional[str] = ..., generation: _Optional[int] = ..., tombstones: _Optional[int] = ..., params: _Optional[_Union[IndexParams, _Mapping]] = ..., created_at: _Optional[float] = ..., lexical_index: _Optional[bool] = ..., chunking: _Optional[_Union[Chunking, _Mapping]] = ..., chunks: _Optional[int] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class DeleteCollectionRequest(_message.Message):
     __slots__ = ("name",)
@@ -125,14 +127,18 @@ class DeleteCollectionRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class DeleteCollectionResponse(_message.Message):
-    __slots__ = ("deleted",)
+    __slots__ = ("deleted", "consistency_token")
     DELETED_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     deleted: bool
-    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, deleted: _Optional[bool] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class ListCollectionsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("consistency_token",)
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    consistency_token: str
+    def __init__(self, consistency_token: _Optional[str] = ...) -> None: ...
 
 class ListCollectionsResponse(_message.Message):
     __slots__ = ("collections",)
@@ -141,10 +147,12 @@ class ListCollectionsResponse(_message.Message):
     def __init__(self, collections: _Optional[_Iterable[_Union[CollectionInfo, _Mapping]]] = ...) -> None: ...
 
 class DescribeCollectionRequest(_message.Message):
-    __slots__ = ("name",)
+    __slots__ = ("name", "consistency_token")
     NAME_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, name: _Optional[str] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class UpsertRequest(_message.Message):
     __slots__ = ("collection", "items")
@@ -155,16 +163,18 @@ class UpsertRequest(_message.Message):
     def __init__(self, collection: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_common_pb2.Item, _Mapping]]] = ...) -> None: ...
 
 class UpsertResponse(_message.Message):
-    __slots__ = ("upserted", "embedder", "chunks", "truncated")
+    __slots__ = ("upserted", "embedder", "chunks", "truncated", "consistency_token")
     UPSERTED_FIELD_NUMBER: _ClassVar[int]
     EMBEDDER_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     upserted: int
     embedder: str
     chunks: int
     truncated: int
-    def __init__(self, upserted: _Optional[int] = ..., embedder: _Optional[str] = ..., chunks: _Optional[int] = ..., truncated: _Optional[int] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, upserted: _Optional[int] = ..., embedder: _Optional[str] = ..., chunks: _Optional[int] = ..., truncated: _Optional[int] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
     __slots__ = ("collection", "ids", "filter")
@@ -177,20 +187,24 @@ class DeleteRequest(_message.Message):
     def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Union[_common_pb2.IdList, _Mapping]] = ..., filter: _Optional[_Union[_common_pb2.Filter, _Mapping]] = ...) -> None: ...
 
 class DeleteResponse(_message.Message):
-    __slots__ = ("deleted",)
+    __slots__ = ("deleted", "consistency_token")
     DELETED_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     deleted: int
-    def __init__(self, deleted: _Optional[int] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, deleted: _Optional[int] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class GetRequest(_message.Message):
-    __slots__ = ("collection", "ids", "include_vectors")
+    __slots__ = ("collection", "ids", "include_vectors", "consistency_token")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_VECTORS_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     collection: str
     ids: _containers.RepeatedScalarFieldContainer[str]
     include_vectors: bool
-    def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Iterable[str]] = ..., include_vectors: _Optional[bool] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Iterable[str]] = ..., include_vectors: _Optional[bool] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class GetResponse(_message.Message):
     __slots__ = ("items",)

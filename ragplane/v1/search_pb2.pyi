@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SearchRequest(_message.Message):
-    __slots__ = ("collection", "text", "vector", "top_k", "filter", "include_text", "include_metadata", "mode", "fusion", "chunks_per_hit", "group_by", "group_size", "group_limit")
+    __slots__ = ("collection", "text", "vector", "top_k", "filter", "include_text", "include_metadata", "mode", "fusion", "chunks_per_hit", "group_by", "group_size", "group_limit", "consistency_token")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     VECTOR_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class SearchRequest(_message.Message):
     GROUP_BY_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     GROUP_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     collection: str
     text: str
     vector: _common_pb2.Vector
@@ -37,7 +38,8 @@ class SearchRequest(_message.Message):
     group_by: str
     group_size: int
     group_limit: int
-    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ..., top_k: _Optional[int] = ..., filter: _Optional[_Union[_common_pb2.Filter, _Mapping]] = ..., include_text: _Optional[bool] = ..., include_metadata: _Optional[bool] = ..., mode: _Optional[_Union[_common_pb2.SearchMode, str]] = ..., fusion: _Optional[_Union[_common_pb2.Fusion, _Mapping]] = ..., chunks_per_hit: _Optional[int] = ..., group_by: _Optional[str] = ..., group_size: _Optional[int] = ..., group_limit: _Optional[int] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ..., top_k: _Optional[int] = ..., filter: _Optional[_Union[_common_pb2.Filter, _Mapping]] = ..., include_text: _Optional[bool] = ..., include_metadata: _Optional[bool] = ..., mode: _Optional[_Union[_common_pb2.SearchMode, str]] = ..., fusion: _Optional[_Union[_common_pb2.Fusion, _Mapping]] = ..., chunks_per_hit: _Optional[int] = ..., group_by: _Optional[str] = ..., group_size: _Optional[int] = ..., group_limit: _Optional[int] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class ChunkHit(_message.Message):
     __slots__ = ("index", "start", "end", "score", "text")

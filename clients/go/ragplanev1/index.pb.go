@@ -464,9 +464,12 @@ type CollectionInfo struct {
 	// How its item text is chunked (enabled = false for collections made before chunking).
 	Chunking *Chunking `protobuf:"bytes,12,opt,name=chunking,proto3" json:"chunking,omitempty"`
 	// Chunks (vectors) of the live items: equal to count when no item was split.
-	Chunks        int64 `protobuf:"varint,13,opt,name=chunks,proto3" json:"chunks,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Chunks int64 `protobuf:"varint,13,opt,name=chunks,proto3" json:"chunks,omitempty"`
+	// The position this reply reflects (with a PostgreSQL store; empty with the embedded
+	// one): pass it as a read's consistency_token to read this write on any server.
+	ConsistencyToken string `protobuf:"bytes,14,opt,name=consistency_token,json=consistencyToken,proto3" json:"consistency_token,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *CollectionInfo) Reset() {
@@ -590,6 +593,13 @@ func (x *CollectionInfo) GetChunks() int64 {
 	return 0
 }
 
+func (x *CollectionInfo) GetConsistencyToken() string {
+	if x != nil {
+		return x.ConsistencyToken
+	}
+	return ""
+}
+
 type DeleteCollectionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -635,10 +645,13 @@ func (x *DeleteCollectionRequest) GetName() string {
 }
 
 type DeleteCollectionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Deleted       bool                   `protobuf:"varint,1,opt,name=deleted,proto3" json:"deleted,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Deleted bool                   `protobuf:"varint,1,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	// The position this reply reflects (with a PostgreSQL store; empty with the embedded
+	// one): pass it as a read's consistency_token to read this write on any server.
+	ConsistencyToken string `protobuf:"bytes,2,opt,name=consistency_token,json=consistencyToken,proto3" json:"consistency_token,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *DeleteCollectionResponse) Reset() {
@@ -678,10 +691,21 @@ func (x *DeleteCollectionResponse) GetDeleted() bool {
 	return false
 }
 
+func (x *DeleteCollectionResponse) GetConsistencyToken() string {
+	if x != nil {
+		return x.ConsistencyToken
+	}
+	return ""
+}
+
 type ListCollectionsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// With a PostgreSQL store: the consistency_token of a write; this server answers
+	// once it has applied that write (up to consistency_wait_ms, then UNAVAILABLE).
+	// Empty: bounded-stale. The embedded store is always current and ignores it.
+	ConsistencyToken string `protobuf:"bytes,1,opt,name=consistency_token,json=consistencyToken,proto3" json:"consistency_token,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ListCollectionsRequest) Reset() {
@@ -712,6 +736,13 @@ func (x *ListCollectionsRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ListCollectionsRequest.ProtoReflect.Descriptor instead.
 func (*ListCollectionsRequest) Descriptor() ([]byte, []int) {
 	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ListCollectionsRequest) GetConsistencyToken() string {
+	if x != nil {
+		return x.ConsistencyToken
+	}
+	return ""
 }
 
 type ListCollectionsResponse struct {
@@ -759,10 +790,14 @@ func (x *ListCollectionsResponse) GetCollections() []*CollectionInfo {
 }
 
 type DescribeCollectionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// With a PostgreSQL store: the consistency_token of a write; this server answers
+	// once it has applied that write (up to consistency_wait_ms, then UNAVAILABLE).
+	// Empty: bounded-stale. The embedded store is always current and ignores it.
+	ConsistencyToken string `protobuf:"bytes,2,opt,name=consistency_token,json=consistencyToken,proto3" json:"consistency_token,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *DescribeCollectionRequest) Reset() {
@@ -798,6 +833,13 @@ func (*DescribeCollectionRequest) Descriptor() ([]byte, []int) {
 func (x *DescribeCollectionRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *DescribeCollectionRequest) GetConsistencyToken() string {
+	if x != nil {
+		return x.ConsistencyToken
 	}
 	return ""
 }
@@ -863,9 +905,12 @@ type UpsertResponse struct {
 	Chunks int64 `protobuf:"varint,3,opt,name=chunks,proto3" json:"chunks,omitempty"`
 	// Texts embedded truncated at the embedder's window: only in a collection with chunking
 	// off (with it on, nothing is truncated).
-	Truncated     int64 `protobuf:"varint,4,opt,name=truncated,proto3" json:"truncated,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Truncated int64 `protobuf:"varint,4,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// The position this reply reflects (with a PostgreSQL store; empty with the embedded
+	// one): pass it as a read's consistency_token to read this write on any server.
+	ConsistencyToken string `protobuf:"bytes,5,opt,name=consistency_token,json=consistencyToken,proto3" json:"consistency_token,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *UpsertResponse) Reset() {
@@ -924,6 +969,13 @@ func (x *UpsertResponse) GetTruncated() int64 {
 		return x.Truncated
 	}
 	return 0
+}
+
+func (x *UpsertResponse) GetConsistencyToken() string {
+	if x != nil {
+		return x.ConsistencyToken
+	}
+	return ""
 }
 
 type DeleteRequest struct {
@@ -1017,10 +1069,13 @@ func (*DeleteRequest_Ids) isDeleteRequest_Selector() {}
 func (*DeleteRequest_Filter) isDeleteRequest_Selector() {}
 
 type DeleteResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Deleted       int64                  `protobuf:"varint,1,opt,name=deleted,proto3" json:"deleted,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Deleted int64                  `protobuf:"varint,1,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	// The position this reply reflects (with a PostgreSQL store; empty with the embedded
+	// one): pass it as a read's consistency_token to read this write on any server.
+	ConsistencyToken string `protobuf:"bytes,2,opt,name=consistency_token,json=consistencyToken,proto3" json:"consistency_token,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *DeleteResponse) Reset() {
@@ -1060,13 +1115,24 @@ func (x *DeleteResponse) GetDeleted() int64 {
 	return 0
 }
 
+func (x *DeleteResponse) GetConsistencyToken() string {
+	if x != nil {
+		return x.ConsistencyToken
+	}
+	return ""
+}
+
 type GetRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Collection     string                 `protobuf:"bytes,1,opt,name=collection,proto3" json:"collection,omitempty"`
 	Ids            []string               `protobuf:"bytes,2,rep,name=ids,proto3" json:"ids,omitempty"`
 	IncludeVectors bool                   `protobuf:"varint,3,opt,name=include_vectors,json=includeVectors,proto3" json:"include_vectors,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// With a PostgreSQL store: the consistency_token of a write; this server answers
+	// once it has applied that write (up to consistency_wait_ms, then UNAVAILABLE).
+	// Empty: bounded-stale. The embedded store is always current and ignores it.
+	ConsistencyToken string `protobuf:"bytes,4,opt,name=consistency_token,json=consistencyToken,proto3" json:"consistency_token,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *GetRequest) Reset() {
@@ -1118,6 +1184,13 @@ func (x *GetRequest) GetIncludeVectors() bool {
 		return x.IncludeVectors
 	}
 	return false
+}
+
+func (x *GetRequest) GetConsistencyToken() string {
+	if x != nil {
+		return x.ConsistencyToken
+	}
+	return ""
 }
 
 type GetResponse struct {
@@ -1198,7 +1271,7 @@ const file_ragplane_v1_index_proto_rawDesc = "" +
 	"\n" +
 	"min_tokens\x18\x05 \x01(\x05H\x01R\tminTokens\x88\x01\x01B\x11\n" +
 	"\x0f_overlap_tokensB\r\n" +
-	"\v_min_tokens\"\xcd\x03\n" +
+	"\v_min_tokens\"\xfa\x03\n" +
 	"\x0eCollectionInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x10\n" +
@@ -1219,26 +1292,31 @@ const file_ragplane_v1_index_proto_rawDesc = "" +
 	" \x01(\x01R\tcreatedAt\x12#\n" +
 	"\rlexical_index\x18\v \x01(\bR\flexicalIndex\x121\n" +
 	"\bchunking\x18\f \x01(\v2\x15.ragplane.v1.ChunkingR\bchunking\x12\x16\n" +
-	"\x06chunks\x18\r \x01(\x03R\x06chunks\"-\n" +
+	"\x06chunks\x18\r \x01(\x03R\x06chunks\x12+\n" +
+	"\x11consistency_token\x18\x0e \x01(\tR\x10consistencyToken\"-\n" +
 	"\x17DeleteCollectionRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"4\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"a\n" +
 	"\x18DeleteCollectionResponse\x12\x18\n" +
-	"\adeleted\x18\x01 \x01(\bR\adeleted\"\x18\n" +
-	"\x16ListCollectionsRequest\"X\n" +
+	"\adeleted\x18\x01 \x01(\bR\adeleted\x12+\n" +
+	"\x11consistency_token\x18\x02 \x01(\tR\x10consistencyToken\"E\n" +
+	"\x16ListCollectionsRequest\x12+\n" +
+	"\x11consistency_token\x18\x01 \x01(\tR\x10consistencyToken\"X\n" +
 	"\x17ListCollectionsResponse\x12=\n" +
-	"\vcollections\x18\x01 \x03(\v2\x1b.ragplane.v1.CollectionInfoR\vcollections\"/\n" +
+	"\vcollections\x18\x01 \x03(\v2\x1b.ragplane.v1.CollectionInfoR\vcollections\"\\\n" +
 	"\x19DescribeCollectionRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"X\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
+	"\x11consistency_token\x18\x02 \x01(\tR\x10consistencyToken\"X\n" +
 	"\rUpsertRequest\x12\x1e\n" +
 	"\n" +
 	"collection\x18\x01 \x01(\tR\n" +
 	"collection\x12'\n" +
-	"\x05items\x18\x02 \x03(\v2\x11.ragplane.v1.ItemR\x05items\"~\n" +
+	"\x05items\x18\x02 \x03(\v2\x11.ragplane.v1.ItemR\x05items\"\xab\x01\n" +
 	"\x0eUpsertResponse\x12\x1a\n" +
 	"\bupserted\x18\x01 \x01(\x03R\bupserted\x12\x1a\n" +
 	"\bembedder\x18\x02 \x01(\tR\bembedder\x12\x16\n" +
 	"\x06chunks\x18\x03 \x01(\x03R\x06chunks\x12\x1c\n" +
-	"\ttruncated\x18\x04 \x01(\x03R\ttruncated\"\x93\x01\n" +
+	"\ttruncated\x18\x04 \x01(\x03R\ttruncated\x12+\n" +
+	"\x11consistency_token\x18\x05 \x01(\tR\x10consistencyToken\"\x93\x01\n" +
 	"\rDeleteRequest\x12\x1e\n" +
 	"\n" +
 	"collection\x18\x01 \x01(\tR\n" +
@@ -1246,16 +1324,18 @@ const file_ragplane_v1_index_proto_rawDesc = "" +
 	"\x03ids\x18\x02 \x01(\v2\x13.ragplane.v1.IdListH\x00R\x03ids\x12-\n" +
 	"\x06filter\x18\x03 \x01(\v2\x13.ragplane.v1.FilterH\x00R\x06filterB\n" +
 	"\n" +
-	"\bselector\"*\n" +
+	"\bselector\"W\n" +
 	"\x0eDeleteResponse\x12\x18\n" +
-	"\adeleted\x18\x01 \x01(\x03R\adeleted\"g\n" +
+	"\adeleted\x18\x01 \x01(\x03R\adeleted\x12+\n" +
+	"\x11consistency_token\x18\x02 \x01(\tR\x10consistencyToken\"\x94\x01\n" +
 	"\n" +
 	"GetRequest\x12\x1e\n" +
 	"\n" +
 	"collection\x18\x01 \x01(\tR\n" +
 	"collection\x12\x10\n" +
 	"\x03ids\x18\x02 \x03(\tR\x03ids\x12'\n" +
-	"\x0finclude_vectors\x18\x03 \x01(\bR\x0eincludeVectors\"6\n" +
+	"\x0finclude_vectors\x18\x03 \x01(\bR\x0eincludeVectors\x12+\n" +
+	"\x11consistency_token\x18\x04 \x01(\tR\x10consistencyToken\"6\n" +
 	"\vGetResponse\x12'\n" +
 	"\x05items\x18\x01 \x03(\v2\x11.ragplane.v1.ItemR\x05items*Q\n" +
 	"\x06Metric\x12\x16\n" +

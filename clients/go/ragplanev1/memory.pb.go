@@ -104,9 +104,12 @@ type RememberResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// True when an existing near-identical memory was updated instead of adding one.
-	Deduplicated  bool `protobuf:"varint,2,opt,name=deduplicated,proto3" json:"deduplicated,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Deduplicated bool `protobuf:"varint,2,opt,name=deduplicated,proto3" json:"deduplicated,omitempty"`
+	// The position this reply reflects (with a PostgreSQL store; empty with the embedded
+	// one): pass it as a read's consistency_token to read this write on any server.
+	ConsistencyToken string `protobuf:"bytes,3,opt,name=consistency_token,json=consistencyToken,proto3" json:"consistency_token,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RememberResponse) Reset() {
@@ -151,6 +154,13 @@ func (x *RememberResponse) GetDeduplicated() bool {
 		return x.Deduplicated
 	}
 	return false
+}
+
+func (x *RememberResponse) GetConsistencyToken() string {
+	if x != nil {
+		return x.ConsistencyToken
+	}
+	return ""
 }
 
 type ScoreParts struct {
@@ -365,9 +375,13 @@ type RecallRequest struct {
 	// How candidates are found and what relevance means; unset = SEARCH_MODE_DENSE.
 	Mode SearchMode `protobuf:"varint,5,opt,name=mode,proto3,enum=ragplane.v1.SearchMode" json:"mode,omitempty"`
 	// How HYBRID fuses; unset = the weighted fusion with an even split (see Fusion).
-	Fusion        *Fusion `protobuf:"bytes,6,opt,name=fusion,proto3" json:"fusion,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Fusion *Fusion `protobuf:"bytes,6,opt,name=fusion,proto3" json:"fusion,omitempty"`
+	// With a PostgreSQL store: the consistency_token of a write; this server answers
+	// once it has applied that write (up to consistency_wait_ms, then UNAVAILABLE).
+	// Empty: bounded-stale. The embedded store is always current and ignores it.
+	ConsistencyToken string `protobuf:"bytes,7,opt,name=consistency_token,json=consistencyToken,proto3" json:"consistency_token,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RecallRequest) Reset() {
@@ -440,6 +454,13 @@ func (x *RecallRequest) GetFusion() *Fusion {
 		return x.Fusion
 	}
 	return nil
+}
+
+func (x *RecallRequest) GetConsistencyToken() string {
+	if x != nil {
+		return x.ConsistencyToken
+	}
+	return ""
 }
 
 type RecallResponse struct {
@@ -594,10 +615,13 @@ func (*ForgetRequest_Filter) isForgetRequest_Selector() {}
 func (*ForgetRequest_All) isForgetRequest_Selector() {}
 
 type ForgetResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Forgotten     int64                  `protobuf:"varint,1,opt,name=forgotten,proto3" json:"forgotten,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Forgotten int64                  `protobuf:"varint,1,opt,name=forgotten,proto3" json:"forgotten,omitempty"`
+	// The position this reply reflects (with a PostgreSQL store; empty with the embedded
+	// one): pass it as a read's consistency_token to read this write on any server.
+	ConsistencyToken string `protobuf:"bytes,2,opt,name=consistency_token,json=consistencyToken,proto3" json:"consistency_token,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ForgetResponse) Reset() {
@@ -637,13 +661,24 @@ func (x *ForgetResponse) GetForgotten() int64 {
 	return 0
 }
 
+func (x *ForgetResponse) GetConsistencyToken() string {
+	if x != nil {
+		return x.ConsistencyToken
+	}
+	return ""
+}
+
 type ListMemoriesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	PageSize      int32                  `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
-	PageToken     string                 `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	PageSize  int32                  `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken string                 `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// With a PostgreSQL store: the consistency_token of a write; this server answers
+	// once it has applied that write (up to consistency_wait_ms, then UNAVAILABLE).
+	// Empty: bounded-stale. The embedded store is always current and ignores it.
+	ConsistencyToken string `protobuf:"bytes,4,opt,name=consistency_token,json=consistencyToken,proto3" json:"consistency_token,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ListMemoriesRequest) Reset() {
@@ -693,6 +728,13 @@ func (x *ListMemoriesRequest) GetPageSize() int32 {
 func (x *ListMemoriesRequest) GetPageToken() string {
 	if x != nil {
 		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListMemoriesRequest) GetConsistencyToken() string {
+	if x != nil {
+		return x.ConsistencyToken
 	}
 	return ""
 }
@@ -763,10 +805,11 @@ const file_ragplane_v1_memory_proto_rawDesc = "" +
 	"importance\x88\x01\x01\x12\x1f\n" +
 	"\vttl_seconds\x18\x05 \x01(\x03R\n" +
 	"ttlSecondsB\r\n" +
-	"\v_importance\"F\n" +
+	"\v_importance\"s\n" +
 	"\x10RememberResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
-	"\fdeduplicated\x18\x02 \x01(\bR\fdeduplicated\"\xd9\x01\n" +
+	"\fdeduplicated\x18\x02 \x01(\bR\fdeduplicated\x12+\n" +
+	"\x11consistency_token\x18\x03 \x01(\tR\x10consistencyToken\"\xd9\x01\n" +
 	"\n" +
 	"ScoreParts\x12\x1c\n" +
 	"\trelevance\x18\x01 \x01(\x02R\trelevance\x12\x18\n" +
@@ -797,14 +840,15 @@ const file_ragplane_v1_memory_proto_rawDesc = "" +
 	"expires_at\x18\b \x01(\x01R\texpiresAt\x12\x14\n" +
 	"\x05score\x18\t \x01(\x02R\x05score\x12-\n" +
 	"\x05parts\x18\n" +
-	" \x01(\v2\x17.ragplane.v1.ScorePartsR\x05parts\"\xdf\x01\n" +
+	" \x01(\v2\x17.ragplane.v1.ScorePartsR\x05parts\"\x8c\x02\n" +
 	"\rRecallRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
 	"\x05query\x18\x02 \x01(\tR\x05query\x12\x13\n" +
 	"\x05top_k\x18\x03 \x01(\x05R\x04topK\x12+\n" +
 	"\x06filter\x18\x04 \x01(\v2\x13.ragplane.v1.FilterR\x06filter\x12+\n" +
 	"\x04mode\x18\x05 \x01(\x0e2\x17.ragplane.v1.SearchModeR\x04mode\x12+\n" +
-	"\x06fusion\x18\x06 \x01(\v2\x13.ragplane.v1.FusionR\x06fusion\"A\n" +
+	"\x06fusion\x18\x06 \x01(\v2\x13.ragplane.v1.FusionR\x06fusion\x12+\n" +
+	"\x11consistency_token\x18\a \x01(\tR\x10consistencyToken\"A\n" +
 	"\x0eRecallResponse\x12/\n" +
 	"\bmemories\x18\x01 \x03(\v2\x13.ragplane.v1.MemoryR\bmemories\"\xa5\x01\n" +
 	"\rForgetRequest\x12\x1c\n" +
@@ -813,14 +857,16 @@ const file_ragplane_v1_memory_proto_rawDesc = "" +
 	"\x06filter\x18\x03 \x01(\v2\x13.ragplane.v1.FilterH\x00R\x06filter\x12\x12\n" +
 	"\x03all\x18\x04 \x01(\bH\x00R\x03allB\n" +
 	"\n" +
-	"\bselector\".\n" +
+	"\bselector\"[\n" +
 	"\x0eForgetResponse\x12\x1c\n" +
-	"\tforgotten\x18\x01 \x01(\x03R\tforgotten\"o\n" +
+	"\tforgotten\x18\x01 \x01(\x03R\tforgotten\x12+\n" +
+	"\x11consistency_token\x18\x02 \x01(\tR\x10consistencyToken\"\x9c\x01\n" +
 	"\x13ListMemoriesRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x03 \x01(\tR\tpageToken\"o\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\x12+\n" +
+	"\x11consistency_token\x18\x04 \x01(\tR\x10consistencyToken\"o\n" +
 	"\x14ListMemoriesResponse\x12/\n" +
 	"\bmemories\x18\x01 \x03(\v2\x13.ragplane.v1.MemoryR\bmemories\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xc2\x02\n" +

@@ -45,11 +45,15 @@ type SearchRequest struct {
 	// Group hits by this metadata field (dotted for nested), as Qdrant's search groups: up to
 	// `group_limit` groups (0 = top_k), each of up to `group_size` hits (0 = 1), best group
 	// first. Items without the field are left out. The groups are in SearchResponse.groups.
-	GroupBy       string `protobuf:"bytes,11,opt,name=group_by,json=groupBy,proto3" json:"group_by,omitempty"`
-	GroupSize     int32  `protobuf:"varint,12,opt,name=group_size,json=groupSize,proto3" json:"group_size,omitempty"`
-	GroupLimit    int32  `protobuf:"varint,13,opt,name=group_limit,json=groupLimit,proto3" json:"group_limit,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	GroupBy    string `protobuf:"bytes,11,opt,name=group_by,json=groupBy,proto3" json:"group_by,omitempty"`
+	GroupSize  int32  `protobuf:"varint,12,opt,name=group_size,json=groupSize,proto3" json:"group_size,omitempty"`
+	GroupLimit int32  `protobuf:"varint,13,opt,name=group_limit,json=groupLimit,proto3" json:"group_limit,omitempty"`
+	// With a PostgreSQL store: the consistency_token of a write; this server answers
+	// once it has applied that write (up to consistency_wait_ms, then UNAVAILABLE).
+	// Empty: bounded-stale. The embedded store is always current and ignores it.
+	ConsistencyToken string `protobuf:"bytes,14,opt,name=consistency_token,json=consistencyToken,proto3" json:"consistency_token,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *SearchRequest) Reset() {
@@ -182,6 +186,13 @@ func (x *SearchRequest) GetGroupLimit() int32 {
 		return x.GroupLimit
 	}
 	return 0
+}
+
+func (x *SearchRequest) GetConsistencyToken() string {
+	if x != nil {
+		return x.ConsistencyToken
+	}
+	return ""
 }
 
 type isSearchRequest_Query interface {
@@ -533,7 +544,7 @@ var File_ragplane_v1_search_proto protoreflect.FileDescriptor
 
 const file_ragplane_v1_search_proto_rawDesc = "" +
 	"\n" +
-	"\x18ragplane/v1/search.proto\x12\vragplane.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x18ragplane/v1/common.proto\"\xe8\x03\n" +
+	"\x18ragplane/v1/search.proto\x12\vragplane.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x18ragplane/v1/common.proto\"\x95\x04\n" +
 	"\rSearchRequest\x12\x1e\n" +
 	"\n" +
 	"collection\x18\x01 \x01(\tR\n" +
@@ -552,7 +563,8 @@ const file_ragplane_v1_search_proto_rawDesc = "" +
 	"\n" +
 	"group_size\x18\f \x01(\x05R\tgroupSize\x12\x1f\n" +
 	"\vgroup_limit\x18\r \x01(\x05R\n" +
-	"groupLimitB\a\n" +
+	"groupLimit\x12+\n" +
+	"\x11consistency_token\x18\x0e \x01(\tR\x10consistencyTokenB\a\n" +
 	"\x05query\"r\n" +
 	"\bChunkHit\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x14\n" +

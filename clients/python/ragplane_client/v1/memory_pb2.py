@@ -27,7 +27,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from ragplane_client.v1 import common_pb2 as ragplane_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ragplane/v1/memory.proto\x12\x0bragplane.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x18ragplane/v1/common.proto\"\x9a\x01\n\x0fRememberRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12)\n\x08metadata\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x17\n\nimportance\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12\x13\n\x0bttl_seconds\x18\x05 \x01(\x03\x42\r\n\x0b_importance\"4\n\x10RememberResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\"\xa2\x01\n\nScoreParts\x12\x11\n\trelevance\x18\x01 \x01(\x02\x12\x0f\n\x07recency\x18\x02 \x01(\x02\x12\x12\n\nimportance\x18\x03 \x01(\x02\x12\x12\n\x05\x64\x65nse\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12\x14\n\x07lexical\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05\x66used\x18\x06 \x01(\x02H\x02\x88\x01\x01\x42\x08\n\x06_denseB\n\n\x08_lexicalB\x08\n\x06_fused\"\xe7\x01\n\x06Memory\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12)\n\x08metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nimportance\x18\x05 \x01(\x02\x12\x12\n\ncreated_at\x18\x06 \x01(\x01\x12\x12\n\nupdated_at\x18\x07 \x01(\x01\x12\x12\n\nexpires_at\x18\x08 \x01(\x01\x12\r\n\x05score\x18\t \x01(\x02\x12&\n\x05parts\x18\n \x01(\x0b\x32\x17.ragplane.v1.ScoreParts\"\xb1\x01\n\rRecallRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12#\n\x06\x66ilter\x18\x04 \x01(\x0b\x32\x13.ragplane.v1.Filter\x12%\n\x04mode\x18\x05 \x01(\x0e\x32\x17.ragplane.v1.SearchMode\x12#\n\x06\x66usion\x18\x06 \x01(\x0b\x32\x13.ragplane.v1.Fusion\"7\n\x0eRecallResponse\x12%\n\x08memories\x18\x01 \x03(\x0b\x32\x13.ragplane.v1.Memory\"\x88\x01\n\rForgetRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\"\n\x03ids\x18\x02 \x01(\x0b\x32\x13.ragplane.v1.IdListH\x00\x12%\n\x06\x66ilter\x18\x03 \x01(\x0b\x32\x13.ragplane.v1.FilterH\x00\x12\r\n\x03\x61ll\x18\x04 \x01(\x08H\x00\x42\n\n\x08selector\"#\n\x0e\x46orgetResponse\x12\x11\n\tforgotten\x18\x01 \x01(\x03\"O\n\x13ListMemoriesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"V\n\x14ListMemoriesResponse\x12%\n\x08memories\x18\x01 \x03(\x0b\x32\x13.ragplane.v1.Memory\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xc2\x02\n\rMemoryService\x12G\n\x08Remember\x12\x1c.ragplane.v1.RememberRequest\x1a\x1d.ragplane.v1.RememberResponse\x12\x46\n\x06Recall\x12\x1a.ragplane.v1.RecallRequest\x1a\x1b.ragplane.v1.RecallResponse\"\x03\x90\x02\x01\x12\x46\n\x06\x46orget\x12\x1a.ragplane.v1.ForgetRequest\x1a\x1b.ragplane.v1.ForgetResponse\"\x03\x90\x02\x02\x12X\n\x0cListMemories\x12 .ragplane.v1.ListMemoriesRequest\x1a!.ragplane.v1.ListMemoriesResponse\"\x03\x90\x02\x01\x42?Z=github.com/ragplane/ragplane/clients/go/ragplanev1;ragplanev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ragplane/v1/memory.proto\x12\x0bragplane.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x18ragplane/v1/common.proto\"\x9a\x01\n\x0fRememberRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12)\n\x08metadata\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x17\n\nimportance\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12\x13\n\x0bttl_seconds\x18\x05 \x01(\x03\x42\r\n\x0b_importance\"O\n\x10RememberResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\x12\x19\n\x11\x63onsistency_token\x18\x03 \x01(\t\"\xa2\x01\n\nScoreParts\x12\x11\n\trelevance\x18\x01 \x01(\x02\x12\x0f\n\x07recency\x18\x02 \x01(\x02\x12\x12\n\nimportance\x18\x03 \x01(\x02\x12\x12\n\x05\x64\x65nse\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12\x14\n\x07lexical\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05\x66used\x18\x06 \x01(\x02H\x02\x88\x01\x01\x42\x08\n\x06_denseB\n\n\x08_lexicalB\x08\n\x06_fused\"\xe7\x01\n\x06Memory\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12)\n\x08metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nimportance\x18\x05 \x01(\x02\x12\x12\n\ncreated_at\x18\x06 \x01(\x01\x12\x12\n\nupdated_at\x18\x07 \x01(\x01\x12\x12\n\nexpires_at\x18\x08 \x01(\x01\x12\r\n\x05score\x18\t \x01(\x02\x12&\n\x05parts\x18\n \x01(\x0b\x32\x17.ragplane.v1.ScoreParts\"\xcc\x01\n\rRecallRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12#\n\x06\x66ilter\x18\x04 \x01(\x0b\x32\x13.ragplane.v1.Filter\x12%\n\x04mode\x18\x05 \x01(\x0e\x32\x17.ragplane.v1.SearchMode\x12#\n\x06\x66usion\x18\x06 \x01(\x0b\x32\x13.ragplane.v1.Fusion\x12\x19\n\x11\x63onsistency_token\x18\x07 \x01(\t\"7\n\x0eRecallResponse\x12%\n\x08memories\x18\x01 \x03(\x0b\x32\x13.ragplane.v1.Memory\"\x88\x01\n\rForgetRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\"\n\x03ids\x18\x02 \x01(\x0b\x32\x13.ragplane.v1.IdListH\x00\x12%\n\x06\x66ilter\x18\x03 \x01(\x0b\x32\x13.ragplane.v1.FilterH\x00\x12\r\n\x03\x61ll\x18\x04 \x01(\x08H\x00\x42\n\n\x08selector\">\n\x0e\x46orgetResponse\x12\x11\n\tforgotten\x18\x01 \x01(\x03\x12\x19\n\x11\x63onsistency_token\x18\x02 \x01(\t\"j\n\x13ListMemoriesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x19\n\x11\x63onsistency_token\x18\x04 \x01(\t\"V\n\x14ListMemoriesResponse\x12%\n\x08memories\x18\x01 \x03(\x0b\x32\x13.ragplane.v1.Memory\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xc2\x02\n\rMemoryService\x12G\n\x08Remember\x12\x1c.ragplane.v1.RememberRequest\x1a\x1d.ragplane.v1.RememberResponse\x12\x46\n\x06Recall\x12\x1a.ragplane.v1.RecallRequest\x1a\x1b.ragplane.v1.RecallResponse\"\x03\x90\x02\x01\x12\x46\n\x06\x46orget\x12\x1a.ragplane.v1.ForgetRequest\x1a\x1b.ragplane.v1.ForgetResponse\"\x03\x90\x02\x02\x12X\n\x0cListMemories\x12 .ragplane.v1.ListMemoriesRequest\x1a!.ragplane.v1.ListMemoriesResponse\"\x03\x90\x02\x01\x42?Z=github.com/ragplane/ragplane/clients/go/ragplanev1;ragplanev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,23 +44,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REMEMBERREQUEST']._serialized_start=98
   _globals['_REMEMBERREQUEST']._serialized_end=252
   _globals['_REMEMBERRESPONSE']._serialized_start=254
-  _globals['_REMEMBERRESPONSE']._serialized_end=306
-  _globals['_SCOREPARTS']._serialized_start=309
-  _globals['_SCOREPARTS']._serialized_end=471
-  _globals['_MEMORY']._serialized_start=474
-  _globals['_MEMORY']._serialized_end=705
-  _globals['_RECALLREQUEST']._serialized_start=708
-  _globals['_RECALLREQUEST']._serialized_end=885
-  _globals['_RECALLRESPONSE']._serialized_start=887
-  _globals['_RECALLRESPONSE']._serialized_end=942
-  _globals['_FORGETREQUEST']._serialized_start=945
-  _globals['_FORGETREQUEST']._serialized_end=1081
-  _globals['_FORGETRESPONSE']._serialized_start=1083
-  _globals['_FORGETRESPONSE']._serialized_end=1118
-  _globals['_LISTMEMORIESREQUEST']._serialized_start=1120
-  _globals['_LISTMEMORIESREQUEST']._serialized_end=1199
-  _globals['_LISTMEMORIESRESPONSE']._serialized_start=1201
-  _globals['_LISTMEMORIESRESPONSE']._serialized_end=1287
-  _globals['_MEMORYSERVICE']._serialized_start=1290
-  _globals['_MEMORYSERVICE']._serialized_end=1612
+  _globals['_REMEMBERRESPONSE']._serialized_end=333
+  _globals['_SCOREPARTS']._serialized_start=336
+  _globals['_SCOREPARTS']._serialized_end=498
+  _globals['_MEMORY']._serialized_start=501
+  _globals['_MEMORY']._serialized_end=732
+  _globals['_RECALLREQUEST']._serialized_start=735
+  _globals['_RECALLREQUEST']._serialized_end=939
+  _globals['_RECALLRESPONSE']._serialized_start=941
+  _globals['_RECALLRESPONSE']._serialized_end=996
+  _globals['_FORGETREQUEST']._serialized_start=999
+  _globals['_FORGETREQUEST']._serialized_end=1135
+  _globals['_FORGETRESPONSE']._serialized_start=1137
+  _globals['_FORGETRESPONSE']._serialized_end=1199
+  _globals['_LISTMEMORIESREQUEST']._serialized_start=1201
+  _globals['_LISTMEMORIESREQUEST']._serialized_end=1307
+  _globals['_LISTMEMORIESRESPONSE']._serialized_start=1309
+  _globals['_LISTMEMORIESRESPONSE']._serialized_end=1395
+  _globals['_MEMORYSERVICE']._serialized_start=1398
+  _globals['_MEMORYSERVICE']._serialized_end=1720
 # @@protoc_insertion_point(module_scope)

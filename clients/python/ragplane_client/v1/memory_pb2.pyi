@@ -24,12 +24,14 @@ class RememberRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., text: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., importance: _Optional[float] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class RememberResponse(_message.Message):
-    __slots__ = ("id", "deduplicated")
+    __slots__ = ("id", "deduplicated", "consistency_token")
     ID_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     id: str
     deduplicated: bool
-    def __init__(self, id: _Optional[str] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class ScoreParts(_message.Message):
     __slots__ = ("relevance", "recency", "importance", "dense", "lexical", "fused")
@@ -72,20 +74,22 @@ class Memory(_message.Message):
     def __init__(self, id: _Optional[str] = ..., namespace: _Optional[str] = ..., text: _Optional[str] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., importance: _Optional[float] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., score: _Optional[float] = ..., parts: _Optional[_Union[ScoreParts, _Mapping]] = ...) -> None: ...
 
 class RecallRequest(_message.Message):
-    __slots__ = ("namespace", "query", "top_k", "filter", "mode", "fusion")
+    __slots__ = ("namespace", "query", "top_k", "filter", "mode", "fusion", "consistency_token")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     FUSION_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     query: str
     top_k: int
     filter: _common_pb2.Filter
     mode: _common_pb2.SearchMode
     fusion: _common_pb2.Fusion
-    def __init__(self, namespace: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., filter: _Optional[_Union[_common_pb2.Filter, _Mapping]] = ..., mode: _Optional[_Union[_common_pb2.SearchMode, str]] = ..., fusion: _Optional[_Union[_common_pb2.Fusion, _Mapping]] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, namespace: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., filter: _Optional[_Union[_common_pb2.Filter, _Mapping]] = ..., mode: _Optional[_Union[_common_pb2.SearchMode, str]] = ..., fusion: _Optional[_Union[_common_pb2.Fusion, _Mapping]] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class RecallResponse(_message.Message):
     __slots__ = ("memories",)
@@ -106,20 +110,24 @@ class ForgetRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., ids: _Optional[_Union[_common_pb2.IdList, _Mapping]] = ..., filter: _Optional[_Union[_common_pb2.Filter, _Mapping]] = ..., all: _Optional[bool] = ...) -> None: ...
 
 class ForgetResponse(_message.Message):
-    __slots__ = ("forgotten",)
+    __slots__ = ("forgotten", "consistency_token")
     FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     forgotten: int
-    def __init__(self, forgotten: _Optional[int] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, forgotten: _Optional[int] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class ListMemoriesRequest(_message.Message):
-    __slots__ = ("namespace", "page_size", "page_token")
+    __slots__ = ("namespace", "page_size", "page_token", "consistency_token")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     page_size: int
     page_token: str
-    def __init__(self, namespace: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, namespace: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class ListMemoriesResponse(_message.Message):
     __slots__ = ("memories", "next_page_token")

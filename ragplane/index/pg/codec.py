@@ -1,0 +1,71 @@
+"""Operations of the change log as JSON plus one blob of float32 vectors.
+
+An operation is a dict with `op` and the collection it names (`tenant`, `kind`, `name`);
+an upsert's items carry text, metadata and chunk offsets, and their vectors travel together
+in one little-endian float32 blob (an item's vector, or one per chunk, in order). No pickle:
+what a shared database holds must never run as code."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ragplane.index.types import Chunking, IndexParams, Record, Span, Splitter
+
+
+def chunking_to_json(chunking: Chunking) -> dict[str, Any]:
+    return {**dataclasses.asdict(chunking), "splitter": chunking.splitter.value}
+
+
+def chunking_from_json(d: dict[str, Any]) -> Chunking:
+    return Chunking(**{**d, "splitter": Splitter(d.get("splitter", "text"))})
+
+
+def params_to_json(params: IndexParams) -> dict[str, int]:
+    return dataclasses.asdict(params)
+
+
+def params_from_json(d: dict[str, Any] | None) -> IndexParams | None:
+    return None if d is None else IndexParams(**d)
+
+
+def encode_records(records: Sequence[Record]) -> tuple[list[dict[str, Any]], bytes]:
+    """Items as JSON (id, text, metadata, chunk offsets) and their vectors as one blob."""
+    items: list[dict[str, Any]] = []
+    vecs: list[np.ndarray] = []
+    for r in records:
+        item: dict[str, Any] = {"id": r.id, "text": r.text, "metadata": dict(r.metadata)}
+        if r.chunks:
+            item["chunks"] = [[s.start, s.end] for s in r.chunks]
+            vecs.extend(np.asarray(s.vector, dtype="<f4").reshape(-1) for s in r.chunks)
+        else:
+            vecs.append(np.asarray(r.vector, dtype="<f4").reshape(-1))
+        items.append(item)
+    blob = np.concatenate(vecs).tobytes() if vecs else b""
+    return items, blob
+
+
+def item_vectors(records: Sequence[Record]) -> list[bytes]:
+    """Each record's own blob (its vector, or its chunks' vectors in order)."""
+    return [encode_records([r])[1] for r in records]
+
+
+def decode_records(items: list[dict[str, Any]], blob: bytes, dim: int) -> list[Record]:
+    """The inverse of encode_records for a collection of `dim` dimensions."""
+    flat = np.frombuffer(blob, dtype="<f4").astype(np.float32, copy=False)
+    mat = flat.reshape(-1, dim) if dim else flat.reshape(0, 0)
+    out: list[Record] = []
+    row = 0
+    for item in items:
+        spans = item.get("chunks")
+        if spans:
+            chunks = [Span(int(s), int(e), mat[row + i]) for i, (s, e) in enumerate(spans)]
+            row += len(spans)
+            out.append(Record(item["id"], None, item["text"], item["metadata"], chunks))
+        else:
+            out.append(Record(item["id"], mat[row], item["text"], item["metadata"]))
+            row += 1
+    return out

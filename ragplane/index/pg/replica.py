@@ -1,0 +1,317 @@
+"""A server's local indexes as a replica of the shared store's change log.
+
+The local `Engine` (SQLite + FAISS + FTS5 in the server's cache folder) is written only by
+applying the log, in position order, so every server holds the same state at the same
+position and answers with the same BM25 and the same exact top-k. `Replica` owns the
+applying: one thread follows the log (NOTIFY wakes it, polling is the fallback), and a
+write made here applies its own change before it returns (read-your-writes on this server).
+
+Applying is idempotent (a replace, a delete, a create of what exists is skipped): the
+position saved in `replica.json` may trail what the cache holds after a crash, and the
+changes between are applied again. A cache that follows another store, or one behind
+what the log still keeps, is thrown away and rebuilt from the state tables."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ragplane.core.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    NotFound,
+    RagplaneError,
+    Unavailable,
+)
+from ragplane.index.engine import Engine
+from ragplane.index.pg import codec
+from ragplane.index.pg.log import Change, PgStore
+from ragplane.index.types import IndexType, Kind, Metric
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "replica.json"
+LOAD_BATCH = 2000
+PRUNE_EVERY = 60.0  # seconds between a server's attempts to trim the log
+
+
+class Replica:
+    """The local engine, the position applied to it, and the thread that follows the log."""
+
+    def __init__(
+        self,
+        store: PgStore,
+        cache_dir: Path,
+        open_engine: Callable[[Path], Engine],
+        *,
+        poll_interval: float = 0.2,
+        stale_after: float = 1.0,
+        log_keep: int = 1_000_000,
+    ) -> None:
+        self.store = store
+        self.dir = Path(cache_dir)
+        self._open_engine = open_engine
+        self._poll = poll_interval
+        self._stale_after = stale_after
+        self._log_keep = log_keep
+        self._saved = -1
+        self._next_prune = time.monotonic() + PRUNE_EVERY
+        self.lock = threading.RLock()  # held while applying; writes here hold it too
+        self._applied_cv = threading.Condition()
+        self.applied = 0
+        self.head_seen = 0
+        self.last_contact = 0.0
+        self.ready = False
+        self.broken: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.store.migrate()
+        self.engine = self._open()
+        self.last_contact = time.monotonic()
+
+    # ------------------------------------------------------------------ opening
+
+    def _open(self) -> Engine:
+        state = self._read_state()
+        if state.get("store_id") != self.store.store_id:
+            if state:
+                log.info("the local cache follows another store; rebuilding it")
+            return self._load_from_tables()
+        engine = self._open_engine(self.dir)
+        self.engine = engine
+        self.applied = int(state.get("pos", 0))
+        if self.store.oldest() > self.applied + 1:
+            log.info("the local cache (position %d) is behind what the log keeps; rebuilding",
+                     self.applied)
+            engine.close()
+            return self._load_from_tables()
+        return engine
+
+    def _read_state(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.dir / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save_state(self) -> None:
+        if self._saved == self.applied:
+            return
+        tmp = self.dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps({"store_id": self.store.store_id, "pos": self.applied}))
+        os.replace(tmp, self.dir / STATE_FILE)
+        self._saved = self.applied
+
+    def _load_from_tables(self) -> Engine:
+        """A fresh cache from rp_collections and rp_items, at the head they reflect."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir(parents=True)
+        engine = self._open_engine(self.dir)
+        self.engine = engine
+        t0 = time.monotonic()
+        n = 0
+        with self.store.snapshot() as (c, head):
+            colls = c.execute(
+                "SELECT tenant, kind, name, config FROM rp_collections ORDER BY tenant, kind, name"
+            ).fetchall()
+            for tenant, kind, name, config in colls:
+                _create(engine, {"tenant": tenant, "kind": kind, "name": name, **config})
+                n += self._load_items(c, engine.of_kind(Kind(kind)), tenant, kind, name,
+                                      int(config["dim"]))
+        self.applied = head
+        self._save_state()
+        log.info("local cache loaded from the store: %d collections, %d items at position "
+                 "%d in %.1f s", len(colls), n, head, time.monotonic() - t0)
+        return engine
+
+    @staticmethod
+    def _load_items(c: Any, view: Engine, tenant: str, kind: str, name: str, dim: int) -> int:
+        n = 0
+        with c.cursor(name=f"load_{n}") as cur:
+            cur.itersize = LOAD_BATCH
+            cur.execute(
+                "SELECT body, vectors FROM rp_items WHERE tenant = %s AND kind = %s AND "
+                "coll = %s ORDER BY pos, id",
+                (tenant, kind, name),
+            )
+            while rows := cur.fetchmany(LOAD_BATCH):
+                items = [body for body, _ in rows]
+                blob = b"".join(bytes(v) for _, v in rows)
+                view.upsert(tenant, name, codec.decode_records(items, blob, dim))
+                n += len(rows)
+        return n
+
+    # ------------------------------------------------------------------ applying
+
+    def start(self) -> None:
+        """Catch up with the log (the caller reports SERVING after), then follow it."""
+        self.catch_up()
+        self.ready = True
+        self._thread = threading.Thread(target=self._follow, name="replica", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self.lock:
+            with contextlib.suppress(OSError):
+                self._save_state()
+            self.engine.close()
+        self.store.close()
+
+    def catch_up(self, upto: int | None = None) -> int:
+        """Apply every committed change after `applied` (up to `upto`); returns applied."""
+        with self.lock:
+            while upto is None or self.applied < upto:
+                batch = self.store.changes_after(self.applied)
+                self.last_contact = time.monotonic()
+                if not batch:
+                    break
+                for ch in batch:
+                    if upto is not None and ch.pos > upto:
+                        break
+                    self.apply(ch)
+                self._save_state()
+            return self.applied
+
+    def apply(self, ch: Change) -> None:
+        """Apply one change to the local engine (called with `lock` held)."""
+        try:
+            apply_op(self.engine, ch.op, ch.vectors)
+        except RagplaneError as exc:
+            # a change the writer validated cannot fail here unless the cache is broken
+            self.broken = f"change {ch.pos} could not be applied: {exc}"
+            raise Unavailable(f"this server's cache is behind: {self.broken}", 1.0) from exc
+        self.broken = None
+        self.advance(ch.pos)
+
+    def advance(self, pos: int) -> None:
+        with self._applied_cv:
+            self.applied = pos
+            self.head_seen = max(self.head_seen, pos)
+            self._applied_cv.notify_all()
+
+    def _follow(self) -> None:
+        listener = None
+        while not self._stop.is_set():
+            try:
+                if listener is None:
+                    listener = self.store.listener()
+                self.catch_up()
+                with self.lock:
+                    self._save_state()
+                self._maybe_prune()
+                for _ in listener.notifies(timeout=self._poll, stop_after=1):
+                    pass
+            except Exception as exc:  # PostgreSQL away: keep trying, report unhealthy
+                if not isinstance(exc, Unavailable):
+                    log.exception("following the change log failed")
+                else:
+                    log.warning("%s", exc)
+                if listener is not None:
+                    with contextlib.suppress(Exception):
+                        listener.close()
+                    listener = None
+                self._stop.wait(self._poll)
+
+    def _maybe_prune(self) -> None:
+        """One server at a time trims the log to `log_keep` changes behind the head."""
+        if time.monotonic() < self._next_prune:
+            return
+        self._next_prune = time.monotonic() + PRUNE_EVERY
+        with self.store.lease("prune") as got:
+            if got and (n := self.store.prune(self._log_keep)):
+                log.info("trimmed %d changes from the log (keeping %d)", n, self._log_keep)
+
+    # ------------------------------------------------------------------ reads
+
+    def healthy(self) -> bool:
+        """Ready, applying, and in touch with PostgreSQL within `stale_after` seconds."""
+        return (
+            self.ready
+            and self.broken is None
+            and time.monotonic() - self.last_contact <= self._stale_after + self._poll
+        )
+
+    def check(self) -> None:
+        """Raise Unavailable unless this server can answer from an up-to-date cache."""
+        if not self.ready:
+            raise Unavailable("this server is still catching up with the store; retry", 1.0)
+        if self.broken is not None:
+            raise Unavailable(f"this server's cache is behind: {self.broken}; retry", 1.0)
+        idle = time.monotonic() - self.last_contact
+        if idle > self._stale_after + self._poll:
+            raise Unavailable(
+                f"PostgreSQL ({self.store.where}) has not answered for {idle:.1f} s; retry",
+                1.0,
+            )
+
+    def wait_for(self, pos: int, timeout: float) -> None:
+        """Block until `pos` is applied, or raise Unavailable after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._applied_cv:
+            while self.applied < pos:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    lag = pos - self.applied
+                    raise Unavailable(
+                        f"this server has not yet applied the write of this consistency "
+                        f"token ({lag} changes behind after {timeout * 1e3:.0f} ms); retry, "
+                        "or read from the server that wrote it",
+                        max(0.1, min(1.0, timeout)),
+                    )
+                self._applied_cv.wait(min(left, 0.05))
+
+
+# ---------------------------------------------------------------------- operations
+
+
+def _create(engine: Engine, op: dict[str, Any]) -> None:
+    view = engine.of_kind(Kind(op["kind"]))
+    with contextlib.suppress(AlreadyExists):
+        view.create_collection(
+            op["tenant"], op["name"], dim=int(op["dim"]), metric=Metric(op["metric"]),
+            index_type=IndexType(op["index_type"]), embedder=op["embedder"],
+            params=codec.params_from_json(op["params"]), lexical_index=bool(op["lexical_index"]),
+            chunking=codec.chunking_from_json(op["chunking"]),
+        )
+
+
+def apply_op(engine: Engine, op: dict[str, Any], vectors: bytes) -> None:
+    """One logged operation on the local engine, idempotently."""
+    kind = op["op"]
+    if kind == "create":
+        _create(engine, op)
+        return
+    view = engine.of_kind(Kind(op["kind"]))
+    tenant, name = op["tenant"], op["name"]
+    with contextlib.suppress(NotFound):  # a later change in the log dropped it
+        if kind == "drop":
+            view.delete_collection(tenant, name)
+        elif kind == "upsert":
+            view.upsert(tenant, name, codec.decode_records(op["items"], vectors, int(op["dim"])))
+        elif kind == "delete":
+            view.delete(tenant, name, ids=op["ids"])
+        elif kind == "embedder":
+            view.set_embedder(tenant, name, op["embedder"])
+        elif kind == "rollback":
+            try:
+                view.rollback(tenant, name)
+            except FailedPrecondition as exc:
+                log.warning("rollback of %s/%s not applied here: %s", tenant, name, exc)
+        elif kind == "rebuild":
+            view.rebuild(
+                tenant, name, index_type=IndexType(op["index_type"]),
+                params=codec.params_from_json(op.get("params")),
+                min_recall=float(op.get("min_recall", 0.0)),
+            )
+        else:
+            raise ValueError(f"unknown operation {kind!r} in the change log")

@@ -1,0 +1,94 @@
+"""The PostgreSQL schema of a shared store, versioned and upgraded in place.
+
+Every server runs `migrate` at start, under a session advisory lock, so N servers starting
+at once never race: the first creates or upgrades, the others wait and find it done.
+
+Tables (all prefixed `rp_`):
+- `rp_meta`: one row: the schema version and the store's id (a uuid, so a server's local
+  cache can tell that it follows this store and not another one).
+- `rp_head`: one row, the position of the last change. A writer bumps it first thing in
+  its transaction, which takes the row's lock until commit: positions are handed out in
+  commit order, so a reader that has seen position P has seen every commit before it.
+- `rp_changes`: the change log (position -> one operation, JSON plus a blob of vectors).
+- `rp_collections`, `rp_items`: the current state, from which a server that fell behind
+  further than the log keeps rebuilds its indexes.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+
+# Any fixed 64-bit number: the advisory lock of schema changes.
+MIGRATE_LOCK = 0x7261_6770_6C61_6E65  # "ragplane"
+VERSION = 1
+
+_V1 = """
+CREATE TABLE rp_meta (
+    one        boolean PRIMARY KEY DEFAULT true CHECK (one),
+    version    integer NOT NULL,
+    store_id   text NOT NULL
+);
+CREATE TABLE rp_head (
+    one        boolean PRIMARY KEY DEFAULT true CHECK (one),
+    pos        bigint NOT NULL
+);
+INSERT INTO rp_head (pos) VALUES (0);
+CREATE TABLE rp_changes (
+    pos        bigint PRIMARY KEY,
+    at         timestamptz NOT NULL DEFAULT now(),
+    op         jsonb NOT NULL,
+    vectors    bytea
+);
+CREATE TABLE rp_collections (
+    tenant     text NOT NULL,
+    kind       text NOT NULL,
+    name       text NOT NULL,
+    config     jsonb NOT NULL,
+    PRIMARY KEY (tenant, kind, name)
+);
+CREATE TABLE rp_items (
+    tenant     text NOT NULL,
+    kind       text NOT NULL,
+    coll       text NOT NULL,
+    id         text NOT NULL,
+    pos        bigint NOT NULL,
+    body       jsonb NOT NULL,
+    vectors    bytea NOT NULL,
+    PRIMARY KEY (tenant, kind, coll, id)
+);
+CREATE INDEX rp_items_pos ON rp_items (tenant, kind, coll, pos);
+"""
+
+# version -> the statements that bring the schema from version-1 to it
+UPGRADES: dict[int, str] = {1: _V1}
+
+
+def current_version(conn: psycopg.Connection) -> int:
+    exists = conn.execute("SELECT to_regclass('rp_meta') IS NOT NULL").fetchone()[0]
+    if not exists:
+        return 0
+    return int(conn.execute("SELECT version FROM rp_meta").fetchone()[0])
+
+
+def migrate(conn: psycopg.Connection, upgrades: dict[int, str] | None = None) -> str:
+    """Create or upgrade the schema to the newest version; returns the store's id. Runs
+    under the migration advisory lock; each version's step commits on its own."""
+    steps = UPGRADES if upgrades is None else upgrades
+    conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK,))
+    try:
+        have = current_version(conn)
+        for version in sorted(v for v in steps if v > have):
+            with conn.transaction():
+                conn.execute(steps[version])
+                if version == 1:
+                    conn.execute(
+                        "INSERT INTO rp_meta (version, store_id) VALUES (1, %s)",
+                        (uuid.uuid4().hex,),
+                    )
+                else:
+                    conn.execute("UPDATE rp_meta SET version = %s", (version,))
+        return str(conn.execute("SELECT store_id FROM rp_meta").fetchone()[0])
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK,))

@@ -1,0 +1,266 @@
+"""`SharedEngine`: the Engine's face over a PostgreSQL store, for the server.
+
+Reads go to this server's replica (its local Engine). A write is checked against the
+replica at the position just before its own (the head lock is held: nothing else can
+commit meanwhile, so the check is exact), written to PostgreSQL with its change, committed
+(the acknowledgement), and then applied here before it returns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from ragplane.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from ragplane.index import catalog
+from ragplane.index.engine import Engine
+from ragplane.index.pg import codec
+from ragplane.index.pg.log import Change
+from ragplane.index.pg.replica import Replica
+from ragplane.index.types import (
+    Chunking,
+    CollectionInfo,
+    Filter,
+    IndexParams,
+    IndexType,
+    Kind,
+    Metric,
+    Record,
+)
+from ragplane.index.validate import check_ids, record_row_groups, record_vectors
+
+_UPSERT_ITEM = (
+    "INSERT INTO rp_items (tenant, kind, coll, id, pos, body, vectors) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (tenant, kind, coll, id) DO UPDATE "
+    "SET pos = EXCLUDED.pos, body = EXCLUDED.body, vectors = EXCLUDED.vectors"
+)
+
+
+class _NothingToLog(Exception):
+    """Raised inside a write that changes nothing: its transaction rolls back."""
+
+
+class SharedEngine:
+    """The server's engine when the store is PostgreSQL (see the module docstring)."""
+
+    def __init__(self, replica: Replica, kind: Kind = Kind.COLLECTION) -> None:
+        self.replica = replica
+        self.kind = kind
+
+    @property
+    def local(self) -> Engine:
+        return self.replica.engine.of_kind(self.kind)
+
+    def __getattr__(self, name: str) -> Any:  # reads: get, search, describe, page, ...
+        if name.startswith("__") or "replica" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.local, name)
+
+    def of_kind(self, kind: Kind) -> SharedEngine:
+        return SharedEngine(self.replica, kind)
+
+    def position(self) -> int:
+        return self.replica.applied
+
+    def close(self) -> None:
+        self.replica.close()
+
+    def __enter__(self) -> SharedEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the write path
+
+    def _write(
+        self, op: dict[str, Any], stage: Callable[[Any, int], bytes | None],
+        own: Callable[[], None] | None = None,
+    ) -> None:
+        """One write at the next position. `stage(connection, position)` runs after the replica has
+        caught up to the position before it: it checks the request against the replica,
+        changes the state tables, may fill in `op`, and returns the vectors' blob. After
+        the commit the change is applied here; with `own`, the change is already in effect
+        here (a rebuild) and `own` runs under the replica's lock instead."""
+        rep = self.replica
+        op["kind"] = self.kind.value
+        with rep.lock:
+            rep.check()
+            try:
+                with rep.store.write() as (c, pos):
+                    rep.catch_up(pos - 1)
+                    blob = stage(c, pos) or b""
+                    rep.store.append(c, pos, op, blob)
+            except _NothingToLog:
+                return
+            if own is not None:
+                own()
+                rep.advance(pos)
+            else:
+                rep.apply(Change(pos, op, blob))
+
+    def _exists(self, tenant: str, name: str) -> bool:
+        try:
+            self.local.describe(tenant, name)
+        except NotFound:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ collections
+
+    def create_collection(
+        self, tenant: str, name: str, *, dim: int, metric: Metric, index_type: IndexType,
+        embedder: str, params: IndexParams = IndexParams(),  # noqa: B008 - frozen
+        lexical_index: bool = True, chunking: Chunking = Chunking(),  # noqa: B008 - frozen
+    ) -> CollectionInfo:
+        dim, metric, index_type, params = catalog.checked(
+            tenant, name, dim, metric, index_type, params, embedder
+        )
+        config = {
+            "dim": dim, "metric": metric.value, "index_type": index_type.value,
+            "embedder": embedder, "params": codec.params_to_json(params),
+            "lexical_index": bool(lexical_index), "chunking": codec.chunking_to_json(chunking),
+        }
+
+        def stage(c: Any, pos: int) -> None:
+            if self._exists(tenant, name):
+                raise AlreadyExists(
+                    f"collection {name!r} already exists; pick another name or delete it first"
+                )
+            c.execute(
+                "INSERT INTO rp_collections (tenant, kind, name, config) VALUES (%s, %s, %s, %s)",
+                (tenant, self.kind.value, name, Jsonb(config)),
+            )
+
+        self._write({"op": "create", "tenant": tenant, "name": name, **config}, stage)
+        return self.local.describe(tenant, name)
+
+    def delete_collection(self, tenant: str, name: str) -> None:
+        def stage(c: Any, pos: int) -> None:
+            self.local.describe(tenant, name)  # NotFound
+            key = (tenant, self.kind.value, name)
+            c.execute("DELETE FROM rp_items WHERE tenant = %s AND kind = %s AND coll = %s", key)
+            c.execute(
+                "DELETE FROM rp_collections WHERE tenant = %s AND kind = %s AND name = %s", key
+            )
+
+        self._write({"op": "drop", "tenant": tenant, "name": name}, stage)
+
+    def set_embedder(self, tenant: str, name: str, embedder: str) -> None:
+        if not isinstance(embedder, str) or not embedder:
+            raise InvalidArgument("embedder must be a non-empty string (name@version)")
+
+        def stage(c: Any, pos: int) -> None:
+            self.local.describe(tenant, name)
+            self._set_config(c, tenant, name, {"embedder": embedder})
+
+        self._write({"op": "embedder", "tenant": tenant, "name": name, "embedder": embedder},
+                    stage)
+
+    def _set_config(self, c: Any, tenant: str, name: str, change: dict[str, Any]) -> None:
+        c.execute(
+            "UPDATE rp_collections SET config = config || %s WHERE tenant = %s AND kind = %s "
+            "AND name = %s",
+            (Jsonb(change), tenant, self.kind.value, name),
+        )
+
+    # ------------------------------------------------------------------ items
+
+    def upsert(self, tenant: str, name: str, records: Sequence[Record]) -> int:
+        records = list(records)
+        op: dict[str, Any] = {"op": "upsert", "tenant": tenant, "name": name}
+
+        def stage(c: Any, pos: int) -> bytes:
+            info = self.local.describe(tenant, name)
+            _, vec_records = record_row_groups(records, info.chunking.enabled)
+            record_vectors(vec_records, info.dim, info.metric, name)
+            items, blob = codec.encode_records(records)
+            op.update(dim=info.dim, items=items)
+            with c.cursor() as cur:
+                cur.executemany(_UPSERT_ITEM, [
+                    (tenant, self.kind.value, name, item["id"], pos, Jsonb(item), vec)
+                    for item, vec in zip(items, codec.item_vectors(records), strict=True)
+                ])
+            return blob
+
+        self._write(op, stage)
+        return len(records)
+
+    def delete(
+        self, tenant: str, name: str, *, ids: Sequence[str] | None = None,
+        filter: Filter | None = None,
+    ) -> int:
+        if (ids is None) == (filter is None):
+            raise InvalidArgument("pass either ids or a filter to delete")
+        if filter is not None and filter.is_empty():
+            raise InvalidArgument(
+                "an empty filter would delete everything; delete the collection instead"
+            )
+        wanted = check_ids(ids) if ids is not None else None
+        op: dict[str, Any] = {"op": "delete", "tenant": tenant, "name": name}
+
+        def stage(c: Any, pos: int) -> None:
+            if wanted is not None:
+                live = sorted({r.id for r in self.local.get(tenant, name, wanted)})
+            else:
+                live = self.local.ids_matching(tenant, name, filter)
+            if not live:
+                raise _NothingToLog
+            op["ids"] = live
+            c.execute(
+                "DELETE FROM rp_items WHERE tenant = %s AND kind = %s AND coll = %s "
+                "AND id = ANY(%s)",
+                (tenant, self.kind.value, name, live),
+            )
+
+        self._write(op, stage)
+        return len(op.get("ids", ()))
+
+    # ------------------------------------------------------------------ generations
+
+    def rebuild(
+        self, tenant: str, name: str, *, index_type: IndexType | None = None,
+        params: IndexParams | None = None, reembed: Callable | None = None,
+        embedder: str | None = None, min_recall: float = 0.95,
+        progress: Callable | None = None,
+    ) -> CollectionInfo:
+        """Built here (recall checked here), then logged: the other servers build the
+        same generation from the same rows when they reach it. One rebuild of a collection
+        at a time in the cluster (an advisory lock)."""
+        if reembed is not None or embedder is not None:
+            raise FailedPrecondition(
+                "a rebuild that re-embeds is not yet supported with a PostgreSQL store; "
+                "rebuild the index without re-embedding, or re-ingest into a new collection"
+            )
+        with self.replica.store.lease(f"rebuild/{tenant}/{self.kind.value}/{name}") as got:
+            if not got:
+                raise FailedPrecondition(
+                    f"a rebuild of {name!r} is running on another server; wait for it"
+                )
+            info = self.local.rebuild(
+                tenant, name, index_type=index_type, params=params, min_recall=min_recall,
+                progress=progress,
+            )
+            config = {"index_type": info.index_type.value,
+                      "params": codec.params_to_json(params or IndexParams())}
+            self._write(
+                {"op": "rebuild", "tenant": tenant, "name": name, "min_recall": 0.0, **config},
+                lambda c, pos: self._set_config(c, tenant, name, config),
+                own=lambda: None,
+            )
+        return self.local.describe(tenant, name)
+
+    def rollback(self, tenant: str, name: str) -> CollectionInfo:
+        """Rolled back here inside the write's transaction (a refusal rolls it back), then
+        logged; a server without the previous generation (its cache was loaded from the
+        tables since) keeps its current one and says so in its log."""
+        self._write({"op": "rollback", "tenant": tenant, "name": name},
+                    lambda c, pos: self.local.rollback(tenant, name) and None, own=lambda: None)
+        return self.local.describe(tenant, name)
+
+    def snapshot(self, dest_dir: Any, also: Any = None) -> int:
+        raise FailedPrecondition(
+            "with a PostgreSQL store the truth is in PostgreSQL: back it up there (pg_dump, "
+            "a replica, point-in-time recovery); a server's local indexes need no backup"
+        )
