@@ -201,26 +201,27 @@ class Replica:
 
     def _follow(self) -> None:
         listener = None
-        while not self._stop.is_set():
-            try:
-                if listener is None:
-                    listener = self.store.listener()
-                self.catch_up()
-                with self.lock:
-                    self._save_state()
-                self._maybe_prune()
-                for _ in listener.notifies(timeout=self._poll, stop_after=1):
-                    pass
-            except Exception as exc:  # PostgreSQL away: keep trying, report unhealthy
-                if not isinstance(exc, Unavailable):
-                    log.exception("following the change log failed")
-                else:
-                    log.warning("%s", exc)
-                if listener is not None:
-                    with contextlib.suppress(Exception):
-                        listener.close()
+        try:
+            while not self._stop.is_set():
+                try:
+                    if listener is None:
+                        listener = self.store.listener()
+                    self.catch_up()
+                    with self.lock:
+                        self._save_state()
+                    self._maybe_prune()
+                    for _ in listener.notifies(timeout=self._poll, stop_after=1):
+                        pass
+                except Exception as exc:  # PostgreSQL away: keep trying, report unhealthy
+                    if isinstance(exc, Unavailable):
+                        log.warning("%s", exc)
+                    else:
+                        log.exception("following the change log failed")
+                    _close(listener)
                     listener = None
-                self._stop.wait(self._poll)
+                    self._stop.wait(self._poll)
+        finally:
+            _close(listener)
 
     def _maybe_prune(self) -> None:
         """One server at a time trims the log to `log_keep` changes behind the head."""
@@ -272,6 +273,12 @@ class Replica:
 
 
 # ---------------------------------------------------------------------- operations
+
+
+def _close(conn: Any) -> None:
+    if conn is not None:
+        with contextlib.suppress(Exception):
+            conn.close()
 
 
 def _create(engine: Engine, op: dict[str, Any]) -> None:
