@@ -424,3 +424,21 @@ def test_the_network_guard_is_on(offline):
         socket.create_connection(("203.0.113.7", 443), timeout=1)
     assert offline == [("203.0.113.7", 443)]
     offline.clear()  # seen: let the teardown pass
+
+
+def test_ragplane_embedding_is_the_servers(target, client):
+    emb = RagplaneEmbedding(target=target, embed_batch_size=2)
+    texts = ["sqlite holds the truth", "faiss is derived", "memory decays"]
+
+    async def go():
+        try:
+            assert emb.get_text_embedding_batch(texts) == client.embed(texts).vectors
+            assert emb.get_query_embedding("faiss") == client.embed(["faiss"]).vectors[0]
+            assert await emb.aget_query_embedding("faiss") == client.embed(["faiss"]).vectors[0]
+            assert len(await emb.aget_text_embedding_batch(texts)) == 3
+        finally:
+            await emb.aclose()
+
+    asyncio.run(go())
+    with pytest.raises(ValueError, match="target"):
+        RagplaneEmbedding()

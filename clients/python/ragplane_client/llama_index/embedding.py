@@ -28,6 +28,7 @@ class RagplaneEmbedding(BaseEmbedding):
 
     _client: Client | None = PrivateAttr(default=None)
     _aclient: AsyncClient | None = PrivateAttr(default=None)
+    _owns_clients: bool = PrivateAttr(default=False)
 
     def __init__(
         self,
@@ -45,7 +46,19 @@ class RagplaneEmbedding(BaseEmbedding):
         super().__init__(use_case=use_case, **kwargs)
         if target is not None:
             client, aclient = Client(target), AsyncClient(target)
+            self._owns_clients = True
         self._client, self._aclient = client, aclient
+
+    def close(self) -> None:
+        """Close the blocking client, when the embedding opened it (target=)."""
+        if self._owns_clients and self._client is not None:
+            self._client.close()
+
+    async def aclose(self) -> None:
+        """Close both clients, when the embedding opened them (target=)."""
+        self.close()
+        if self._owns_clients and self._aclient is not None:
+            await self._aclient.close()
 
     @classmethod
     def class_name(cls) -> str:
