@@ -34,6 +34,7 @@ from ragplane.server.embedders import canonical, cluster_reembed
 from ragplane.server.embedding import Embedder, load_embedder
 from ragplane.server.embedding.service import EmbeddingService
 from ragplane.server.embedding.warmup import largest_pass, warm_up
+from ragplane.server.health_state import HealthState
 from ragplane.server.http_server import HttpServer, serve_http
 from ragplane.server.interceptors import ServerInterceptor
 from ragplane.server.memory import MemoryService
@@ -81,7 +82,7 @@ class Runtime:
     metrics: Metrics = field(default_factory=Metrics)
     metrics_port: int = 0
     http: HttpServer | None = None  # the OpenAI-compatible API, when http_port is set
-    health: _HealthOff | None = None  # set by create_server
+    health: HealthState | None = None  # set by create_server
     # what to close, in reverse order of creation; idempotent
     closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
@@ -376,7 +377,10 @@ def _add_services(server: grpc.Server, runtime: Runtime, settings: Settings) -> 
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ["", *services]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    runtime.health = _HealthOff(health_servicer)
+    store_services = ["", *services[1:4]]  # the overall status and Index, Search, Memory
+    runtime.health = HealthState(
+        health_servicer, getattr(runtime.engine, "replica", None), store_services
+    )
     runtime.closing.callback(runtime.health.close)
     reflection.enable_server_reflection(
         [
@@ -406,14 +410,6 @@ class _Gauges:
 
     def shadow_status(self) -> list[CaseStatus]:
         return self._rt.shadow.status() if self._rt.shadow is not None else []
-
-
-class _HealthOff:
-    def __init__(self, servicer: health.HealthServicer) -> None:
-        self._s = servicer
-
-    def close(self) -> None:
-        self._s.enter_graceful_shutdown()
 
 
 def _tls_credentials(settings: Settings) -> grpc.ServerCredentials:

@@ -181,7 +181,9 @@ def test_compact_snapshot_restore(server, tmp_path):
     from ragplane.server.admin import AdminOps
 
     AdminOps.restore(snap, tmp_path / "restored")
-    other = InProcessServer(tmp_path / "restored")
+    # A snapshot is an embedded store in both modes (with a PostgreSQL store: the server's
+    # indexes at the position it had applied), served as one.
+    other = InProcessServer(tmp_path / "restored", store="sqlite")
     try:
         info = other.stubs.index.DescribeCollection(index_pb2.DescribeCollectionRequest(name="c"))
         assert info.count == 90

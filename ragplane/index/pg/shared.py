@@ -260,7 +260,8 @@ class SharedEngine:
         return self.local.describe(tenant, name)
 
     def snapshot(self, dest_dir: Any, also: Any = None) -> int:
-        raise FailedPrecondition(
-            "with a PostgreSQL store the truth is in PostgreSQL: back it up there (pg_dump, "
-            "a replica, point-in-time recovery); a server's local indexes need no backup"
-        )
+        """A consistent copy of this server's cache at the position it has applied: an
+        embedded store (serve it with store=sqlite, or copy it elsewhere). The truth stays
+        in PostgreSQL: back that up there (pg_dump, a replica, point-in-time recovery)."""
+        with self.replica.lock:  # nothing is applied meanwhile: one position throughout
+            return self.replica.engine.snapshot(dest_dir, also)

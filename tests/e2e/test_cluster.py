@@ -1,0 +1,273 @@
+"""Three ragplane servers on one PostgreSQL (issue 26): read-your-writes on any server with
+the consistency token, the same answers everywhere, kill -9 of the writer under load, and
+PostgreSQL stopped and started again under the servers.
+
+The module starts its own PostgreSQL (it stops and starts it) and three `ragplane serve`
+processes on it (the fake embedder; client vectors where the test needs many writes)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ragplane.testkit.harness import Stubs, SubprocessServer
+from ragplane.testkit.postgres import LocalPostgres, available
+from ragplane.v1 import common_pb2, index_pb2, search_pb2
+
+pytestmark = pytest.mark.skipif(
+    not available(),
+    reason="PostgreSQL's server binaries are not installed (apt install postgresql)",
+)
+
+DIM = 16
+
+
+@pytest.fixture(scope="module")
+def pg():
+    with LocalPostgres() as pg:
+        yield pg
+
+
+@pytest.fixture
+def cluster(pg, tmp_path, request):
+    url = pg.create_database("c_" + request.node.name.lower()[:40])
+    servers = [SubprocessServer(tmp_path / f"s{i}", "--set", f"store={url}") for i in range(3)]
+    for s in servers:
+        s.start()
+    yield servers
+    for s in servers:
+        s.stop()
+
+
+def vec_items(n: int, start: int = 0, seed: int = 0) -> list[common_pb2.Item]:
+    rng = np.random.default_rng(seed + start)
+    mat = rng.standard_normal((n, DIM)).astype(np.float32)
+    return [
+        common_pb2.Item(id=f"v{start + i}", text=f"item {start + i}", vector=row)
+        for i, row in enumerate(mat.tolist())
+    ]
+
+
+def make_collection(stubs: Stubs, name: str = "c") -> str:
+    r = stubs.index.CreateCollection(index_pb2.CreateCollectionRequest(name=name, dim=DIM))
+    return r.consistency_token
+
+
+def test_writes_through_one_are_read_at_once_through_the_others_with_the_token(cluster):
+    a, b, c = cluster
+    make_collection(a.stubs)
+    token = a.stubs.index.Upsert(
+        index_pb2.UpsertRequest(collection="c", items=vec_items(200))
+    ).consistency_token
+    assert token
+    for other in (b, c):
+        got = other.stubs.index.Get(
+            index_pb2.GetRequest(collection="c", ids=["v0", "v199"], consistency_token=token)
+        )
+        assert [i.id for i in got.items] == ["v0", "v199"]
+        info = other.stubs.index.DescribeCollection(
+            index_pb2.DescribeCollectionRequest(name="c", consistency_token=token)
+        )
+        assert info.count == 200
+    # text items embedded by the writer, found by lexical search on another server
+    t2 = a.stubs.index.Upsert(
+        index_pb2.UpsertRequest(
+            collection="c",
+            items=[common_pb2.Item(id="doc", text="zebra crossing", vector=[1.0] * DIM)],
+        )
+    ).consistency_token
+    hits = c.stubs.search.Search(
+        search_pb2.SearchRequest(
+            collection="c",
+            text="zebra",
+            top_k=3,
+            consistency_token=t2,
+            mode=common_pb2.SEARCH_MODE_LEXICAL,
+        )
+    ).hits
+    assert [h.id for h in hits] == ["doc"]
+    # a delete through B is gone on A and C with B's token
+    t3 = b.stubs.index.Delete(
+        index_pb2.DeleteRequest(collection="c", ids=common_pb2.IdList(ids=["v0"]))
+    ).consistency_token
+    for other in (a, c):
+        got = other.stubs.index.Get(
+            index_pb2.GetRequest(collection="c", ids=["v0"], consistency_token=t3)
+        )
+        assert list(got.items) == []
+
+
+def test_200_queries_give_identical_ids_on_all_three(cluster):
+    a, b, c = cluster
+    make_collection(a.stubs)
+    token = ""
+    for start in range(0, 1000, 250):
+        token = a.stubs.index.Upsert(
+            index_pb2.UpsertRequest(collection="c", items=vec_items(250, start))
+        ).consistency_token
+    rng = np.random.default_rng(7)
+    queries = rng.standard_normal((200, DIM)).astype(np.float32)
+    for q in queries.tolist():
+        answers = [
+            [
+                h.id
+                for h in s.stubs.search.Search(
+                    search_pb2.SearchRequest(
+                        collection="c",
+                        vector=common_pb2.Vector(values=q),
+                        top_k=10,
+                        consistency_token=token,
+                    )
+                ).hits
+            ]
+            for s in cluster
+        ]
+        assert len(answers[0]) == 10
+        assert answers[0] == answers[1] == answers[2]
+
+
+def test_kill_9_of_the_writer_under_load_loses_no_acknowledged_write(cluster):
+    a, b, c = cluster
+    created = make_collection(a.stubs)
+    acked: list[str] = []
+    tokens: list[str] = []
+    stop = threading.Event()
+
+    def write() -> None:
+        start = 0
+        while not stop.is_set():
+            try:
+                r = a.stubs.index.Upsert(
+                    index_pb2.UpsertRequest(collection="c", items=vec_items(20, start)),
+                    timeout=10,
+                )
+            except grpc.RpcError:
+                return  # the writer died: what was not acknowledged may or may not be there
+            acked.extend(f"v{i}" for i in range(start, start + 20))
+            tokens.append(r.consistency_token)
+            start += 20
+
+    reads = []
+
+    def read() -> None:
+        q = common_pb2.Vector(values=[0.5] * DIM)
+        while not stop.is_set():
+            req = search_pb2.SearchRequest(
+                collection="c", vector=q, top_k=5, consistency_token=created
+            )
+            reads.append(len(b.stubs.search.Search(req).hits))
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=write), threading.Thread(target=read)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(acked) < 400 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    a.kill()
+    time.sleep(0.3)
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(acked) >= 400, "the writer was too slow to be killed under load"
+    assert reads, "the other servers kept serving searches"
+    for other in (b, c):
+        got = set()
+        for lo in range(0, len(acked), 500):
+            got.update(
+                i.id
+                for i in other.stubs.index.Get(
+                    index_pb2.GetRequest(
+                        collection="c",
+                        ids=acked[lo : lo + 500],
+                        consistency_token=tokens[-1],
+                    )
+                ).items
+            )
+        assert got == set(acked)
+
+
+def _call_times(stubs: Stubs) -> tuple[list[grpc.StatusCode], float]:
+    codes, worst = [], 0.0
+    calls = [
+        lambda: stubs.index.ListCollections(index_pb2.ListCollectionsRequest(), timeout=5),
+        lambda: stubs.index.Get(index_pb2.GetRequest(collection="c", ids=["v1"]), timeout=5),
+        lambda: stubs.index.Upsert(
+            index_pb2.UpsertRequest(collection="c", items=vec_items(1, 9000)), timeout=5
+        ),
+        lambda: stubs.search.Search(
+            search_pb2.SearchRequest(
+                collection="c", vector=common_pb2.Vector(values=[1.0] * DIM), top_k=3
+            ),
+            timeout=5,
+        ),
+    ]
+    for call in calls:
+        t0 = time.monotonic()
+        try:
+            call()
+            codes.append(grpc.StatusCode.OK)
+        except grpc.RpcError as exc:
+            codes.append(exc.code())
+            trailers = dict(exc.trailing_metadata() or ())
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                assert float(trailers["retry-after"]) > 0, exc.details()
+        worst = max(worst, time.monotonic() - t0)
+    return codes, worst
+
+
+def test_postgres_stopped_is_unavailable_with_retry_after_then_served_again(pg, cluster):
+    a, b, _ = cluster
+    make_collection(a.stubs)
+    a.stubs.index.Upsert(index_pb2.UpsertRequest(collection="c", items=vec_items(10)))
+    health = health_pb2_grpc.HealthStub(b.stubs.channel)
+    pg.pg_ctl("stop")
+    try:
+        time.sleep(1.6)  # past the replica's staleness bound
+        for s in (a, b):
+            codes, worst = _call_times(s.stubs)
+            assert codes == [grpc.StatusCode.UNAVAILABLE] * 4, codes
+            assert worst < 1.5, f"a call took {worst:.2f} s to be refused"
+        assert health.Check(health_pb2.HealthCheckRequest()).status == (
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+    finally:
+        pg.pg_ctl("start")
+    deadline = time.monotonic() + 20
+    codes: list = []
+    while time.monotonic() < deadline:
+        codes, _ = _call_times(b.stubs)
+        if codes == [grpc.StatusCode.OK] * 4:
+            break
+        time.sleep(0.5)
+    assert codes == [grpc.StatusCode.OK] * 4, codes
+    assert health.Check(health_pb2.HealthCheckRequest()).status == (
+        health_pb2.HealthCheckResponse.SERVING
+    )
+
+
+def test_a_token_from_another_cluster_or_garbage_is_invalid_argument(cluster):
+    a = cluster[0]
+    make_collection(a.stubs)
+    with pytest.raises(grpc.RpcError) as err:
+        a.stubs.index.Get(index_pb2.GetRequest(collection="c", ids=["x"], consistency_token="nope"))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "consistency_token" in err.value.details()
+
+
+def test_a_token_not_yet_applied_waits_then_is_unavailable_with_the_lag(cluster):
+    a = cluster[0]
+    token = make_collection(a.stubs)
+    prefix, pos = token.split(".")
+    with pytest.raises(grpc.RpcError) as err:
+        a.stubs.index.ListCollections(
+            index_pb2.ListCollectionsRequest(consistency_token=f"{prefix}.{int(pos) + 1000}"),
+            timeout=10,
+        )
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "1000 changes behind" in err.value.details()
