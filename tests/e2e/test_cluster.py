@@ -271,3 +271,93 @@ def test_a_token_not_yet_applied_waits_then_is_unavailable_with_the_lag(cluster)
         )
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "1000 changes behind" in err.value.details()
+
+
+def test_a_server_back_after_100000_missed_writes_catches_up_before_it_serves(pg, tmp_path):
+    from ragplane.testkit.harness import InProcessServer
+
+    url = pg.create_database("catch_up")
+    a = InProcessServer(tmp_path / "a", store=url)
+    c = InProcessServer(tmp_path / "c", store=url)
+    try:
+        make_collection(a.stubs)
+        c.stop()
+        for start in range(0, 100_000, 2000):
+            a.stubs.index.Upsert(
+                index_pb2.UpsertRequest(collection="c", items=vec_items(2000, start)), timeout=60
+            )
+        t0 = time.monotonic()
+        c.start()  # returns once the server listens: after it has caught up
+        took = time.monotonic() - t0
+        health = health_pb2_grpc.HealthStub(c.stubs.channel)
+        assert health.Check(health_pb2.HealthCheckRequest()).status == (
+            health_pb2.HealthCheckResponse.SERVING
+        )
+        # no token: what it serves first is already everything it missed
+        info = c.stubs.index.DescribeCollection(index_pb2.DescribeCollectionRequest(name="c"))
+        assert info.count == 100_000
+        print(f"caught up 100,000 missed writes in {took:.1f} s")
+    finally:
+        a.stop()
+        c.stop()
+
+
+def test_rebuilds_reach_every_server_and_a_reembedding_one_is_embedded_once(pg, tmp_path):
+    """An index-type rebuild and a re-embedding one through A: B serves the same generation
+    with the same answers; a server that joins later (loaded from the tables) too; the
+    re-embedding one cannot be rolled back (PostgreSQL does not keep the old vectors)."""
+    from ragplane.testkit.harness import InProcessServer
+    from ragplane.v1 import admin_pb2
+
+    url = pg.create_database("rebuilds")
+    a = InProcessServer(tmp_path / "a", store=url)
+    b = InProcessServer(tmp_path / "b", store=url)
+    late = None
+    try:
+        a.stubs.index.CreateCollection(index_pb2.CreateCollectionRequest(name="docs"))
+        texts = [f"document {i} about {w}" for i, w in enumerate(["cats", "dogs", "birds"] * 40)]
+        a.stubs.index.Upsert(
+            index_pb2.UpsertRequest(
+                collection="docs",
+                items=[common_pb2.Item(id=str(i), text=t) for i, t in enumerate(texts)],
+            )
+        )
+        done = list(
+            a.stubs.admin.Rebuild(
+                admin_pb2.RebuildRequest(collection="docs", index_type=index_pb2.INDEX_TYPE_HNSW)
+            )
+        )
+        assert done[-1].phase == "swapped"
+        done = list(
+            a.stubs.admin.Rebuild(admin_pb2.RebuildRequest(collection="docs", reembed=True))
+        )
+        assert done[-1].phase == "swapped" and done[-1].generation == 3
+        token = a.stubs.index.DescribeCollection(
+            index_pb2.DescribeCollectionRequest(name="docs")
+        ).consistency_token
+        late = InProcessServer(tmp_path / "late", store=url)
+        for q in ["cats", "document 7", "birds about"]:
+            answers = [
+                [
+                    h.id
+                    for h in s.stubs.search.Search(
+                        search_pb2.SearchRequest(
+                            collection="docs", text=q, top_k=5, consistency_token=token
+                        )
+                    ).hits
+                ]
+                for s in (a, b, late)
+            ]
+            assert answers[0] == answers[1] == answers[2] and len(answers[0]) == 5
+        info = b.stubs.index.DescribeCollection(
+            index_pb2.DescribeCollectionRequest(name="docs", consistency_token=token)
+        )
+        assert info.generation == 3 and info.index_type == index_pb2.INDEX_TYPE_HNSW
+        with pytest.raises(grpc.RpcError) as err:
+            a.stubs.admin.Rollback(admin_pb2.RollbackRequest(collection="docs"))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "re-embedded" in err.value.details()
+    finally:
+        for s in (a, b, late):
+            if s is not None:
+                s.stop()

@@ -11,6 +11,7 @@ connection lost while committing becomes Unavailable saying the outcome is unkno
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +35,10 @@ class Change:
     pos: int
     op: dict[str, Any]
     vectors: bytes
+
+
+def text_sha(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
 
 def redact(url: str) -> str:
@@ -182,6 +187,26 @@ class PgStore:
                 if got:
                     with contextlib.suppress(psycopg.Error):
                         c.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (name,))
+
+    @staticmethod
+    def put_embeddings(c: psycopg.Connection, embedder: str, vectors: dict[str, bytes]) -> None:
+        with c.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO rp_embeddings (embedder, sha, vector) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING",
+                [(embedder, text_sha(t), v) for t, v in vectors.items()],
+            )
+
+    def embeddings(self, embedder: str, texts: list[str]) -> list[bytes | None]:
+        """The vectors a re-embedding rebuild stored for `texts` (None where missing)."""
+        shas = [text_sha(t) for t in texts]
+        with self.conn() as c:
+            rows = c.execute(
+                "SELECT sha, vector FROM rp_embeddings WHERE embedder = %s AND sha = ANY(%s)",
+                (embedder, shas),
+            ).fetchall()
+        found = {bytes(s): bytes(v) for s, v in rows}
+        return [found.get(s) for s in shas]
 
     def listener(self) -> psycopg.Connection:
         """A dedicated connection LISTENing for new positions."""

@@ -34,6 +34,7 @@ from ragplane.core.errors import (
 from ragplane.index.engine import Engine
 from ragplane.index.pg import codec
 from ragplane.index.pg.log import Change, PgStore
+from ragplane.index.pg.reembed import stored
 from ragplane.index.types import IndexType, Kind, Metric
 
 log = logging.getLogger(__name__)
@@ -185,7 +186,7 @@ class Replica:
     def apply(self, ch: Change) -> None:
         """Apply one change to the local engine (called with `lock` held)."""
         try:
-            apply_op(self.engine, ch.op, ch.vectors)
+            apply_op(self.engine, ch.op, ch.vectors, self.store)
         except RagplaneError as exc:
             # a change the writer validated cannot fail here unless the cache is broken
             self.broken = f"change {ch.pos} could not be applied: {exc}"
@@ -206,9 +207,17 @@ class Replica:
                 try:
                     if listener is None:
                         listener = self.store.listener()
-                    self.catch_up()
-                    with self.lock:
-                        self._save_state()
+                    if self.broken is not None:
+                        self.reload()
+                    if self.lock.acquire(timeout=self._poll):
+                        try:
+                            self.catch_up()
+                            self._save_state()
+                        finally:
+                            self.lock.release()
+                    else:  # a long write holds the cache (a re-embedding rebuild): still here
+                        self.store.head()
+                        self.last_contact = time.monotonic()
                     self._maybe_prune()
                     for _ in listener.notifies(timeout=self._poll, stop_after=1):
                         pass
@@ -222,6 +231,17 @@ class Replica:
                     self._stop.wait(self._poll)
         finally:
             _close(listener)
+
+    def reload(self) -> None:
+        """Throw the cache away and load it from the tables (a change that could not be
+        applied, or a write whose local effect may differ from what committed)."""
+        with self.lock:
+            log.warning("reloading the local cache from the store: %s", self.broken)
+            self.ready = False
+            self.engine.close()
+            self.engine = self._load_from_tables()
+            self.broken = None
+            self.ready = True
 
     def _maybe_prune(self) -> None:
         """One server at a time trims the log to `log_keep` changes behind the head."""
@@ -292,7 +312,7 @@ def _create(engine: Engine, op: dict[str, Any]) -> None:
         )
 
 
-def apply_op(engine: Engine, op: dict[str, Any], vectors: bytes) -> None:
+def apply_op(engine: Engine, op: dict[str, Any], vectors: bytes, store: PgStore) -> None:
     """One logged operation on the local engine, idempotently."""
     kind = op["op"]
     if kind == "create":
@@ -315,10 +335,13 @@ def apply_op(engine: Engine, op: dict[str, Any], vectors: bytes) -> None:
             except FailedPrecondition as exc:
                 log.warning("rollback of %s/%s not applied here: %s", tenant, name, exc)
         elif kind == "rebuild":
+            again = op.get("reembed")
             view.rebuild(
                 tenant, name, index_type=IndexType(op["index_type"]),
                 params=codec.params_from_json(op.get("params")),
                 min_recall=float(op.get("min_recall", 0.0)),
+                reembed=stored(store, op["embedder"]) if again else None,
+                embedder=op.get("embedder"),
             )
         else:
             raise ValueError(f"unknown operation {kind!r} in the change log")

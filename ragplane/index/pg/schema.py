@@ -12,6 +12,8 @@ Tables (all prefixed `rp_`):
 - `rp_changes`: the change log (position -> one operation, JSON plus a blob of vectors).
 - `rp_collections`, `rp_items`: the current state, from which a server that fell behind
   further than the log keeps rebuilds its indexes.
+- `rp_embeddings`: the vectors a re-embedding rebuild computed, by embedder and the text's
+  sha256, so the other servers rebuild the same generation without embedding again.
 """
 
 from __future__ import annotations
@@ -59,6 +61,12 @@ CREATE TABLE rp_items (
     PRIMARY KEY (tenant, kind, coll, id)
 );
 CREATE INDEX rp_items_pos ON rp_items (tenant, kind, coll, pos);
+CREATE TABLE rp_embeddings (
+    embedder   text NOT NULL,
+    sha        bytea NOT NULL,
+    vector     bytea NOT NULL,
+    PRIMARY KEY (embedder, sha)
+);
 """
 
 # version -> the statements that bring the schema from version-1 to it

@@ -16,6 +16,7 @@ from ragplane.core.errors import AlreadyExists, FailedPrecondition, InvalidArgum
 from ragplane.index import catalog
 from ragplane.index.engine import Engine
 from ragplane.index.pg import codec
+from ragplane.index.pg import reembed as reembed_mod
 from ragplane.index.pg.log import Change
 from ragplane.index.pg.replica import Replica
 from ragplane.index.types import (
@@ -87,13 +88,19 @@ class SharedEngine:
         op["kind"] = self.kind.value
         with rep.lock:
             rep.check()
+            staged = False
             try:
                 with rep.store.write() as (c, pos):
                     rep.catch_up(pos - 1)
                     blob = stage(c, pos) or b""
+                    staged = True
                     rep.store.append(c, pos, op, blob)
             except _NothingToLog:
                 return
+            except BaseException as exc:
+                if own is not None and staged:  # changed here, maybe not in PostgreSQL
+                    rep.broken = f"{op['op']} of {op.get('name')!r} may not have committed: {exc}"
+                raise
             if own is not None:
                 own()
                 rep.advance(pos)
@@ -228,16 +235,15 @@ class SharedEngine:
         """Built here (recall checked here), then logged: the other servers build the
         same generation from the same rows when they reach it. One rebuild of a collection
         at a time in the cluster (an advisory lock)."""
-        if reembed is not None or embedder is not None:
-            raise FailedPrecondition(
-                "a rebuild that re-embeds is not yet supported with a PostgreSQL store; "
-                "rebuild the index without re-embedding, or re-ingest into a new collection"
-            )
         with self.replica.store.lease(f"rebuild/{tenant}/{self.kind.value}/{name}") as got:
             if not got:
                 raise FailedPrecondition(
                     f"a rebuild of {name!r} is running on another server; wait for it"
                 )
+            if reembed is not None or embedder is not None:
+                self._rebuild_reembed(tenant, name, index_type, params, reembed, embedder,
+                                      min_recall, progress)
+                return self.local.describe(tenant, name)
             info = self.local.rebuild(
                 tenant, name, index_type=index_type, params=params, min_recall=min_recall,
                 progress=progress,
@@ -251,12 +257,53 @@ class SharedEngine:
             )
         return self.local.describe(tenant, name)
 
+    def _rebuild_reembed(
+        self, tenant: str, name: str, index_type: IndexType | None,
+        params: IndexParams | None, reembed: Callable | None, embedder: str | None,
+        min_recall: float, progress: Callable | None,
+    ) -> None:
+        """A re-embedding rebuild runs inside its write: writes wait cluster-wide meanwhile
+        (searches go on), so every server re-embeds exactly the rows of one position."""
+        recording = reembed_mod.Recording(reembed) if reembed is not None else None
+        op: dict[str, Any] = {"op": "rebuild", "tenant": tenant, "name": name,
+                              "min_recall": 0.0, "reembed": recording is not None}
+
+        def stage(c: Any, pos: int) -> None:
+            info = self.local.rebuild(
+                tenant, name, index_type=index_type, params=params, reembed=recording,
+                embedder=embedder, min_recall=min_recall, progress=progress,
+            )
+            config = {"index_type": info.index_type.value, "embedder": info.embedder,
+                      "params": codec.params_to_json(params or IndexParams()),
+                      "dim": info.dim, "reembedded_generation": info.generation}
+            op.update(index_type=config["index_type"], params=config["params"],
+                      embedder=info.embedder)
+            if recording is not None:
+                self.replica.store.put_embeddings(c, info.embedder, recording.vectors)
+                reembed_mod.revector_items(c, (tenant, self.kind.value, name),
+                                           recording.vectors, info.embedder)
+            self._set_config(c, tenant, name, config)
+
+        self._write(op, stage, own=lambda: None)
+
     def rollback(self, tenant: str, name: str) -> CollectionInfo:
         """Rolled back here inside the write's transaction (a refusal rolls it back), then
         logged; a server without the previous generation (its cache was loaded from the
         tables since) keeps its current one and says so in its log."""
-        self._write({"op": "rollback", "tenant": tenant, "name": name},
-                    lambda c, pos: self.local.rollback(tenant, name) and None, own=lambda: None)
+        def stage(c: Any, pos: int) -> None:
+            (config,) = c.execute(
+                "SELECT config FROM rp_collections WHERE tenant = %s AND kind = %s AND name = %s",
+                (tenant, self.kind.value, name),
+            ).fetchone() or (None,)
+            info = self.local.describe(tenant, name)
+            if config and config.get("reembedded_generation") == info.generation:
+                raise FailedPrecondition(
+                    f"{name!r} was re-embedded by its last rebuild: with a PostgreSQL store "
+                    "that cannot be rolled back; rebuild it again with the previous embedder"
+                )
+            self.local.rollback(tenant, name)
+
+        self._write({"op": "rollback", "tenant": tenant, "name": name}, stage, own=lambda: None)
         return self.local.describe(tenant, name)
 
     def snapshot(self, dest_dir: Any, also: Any = None) -> int:
