@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu tools serve test test-ray test-all lint protos protos-check bench loadtest loadtest-fake soak fuzz crash clean
+.PHONY: help install install-gpu tools serve serve-cluster test test-ray test-all lint protos protos-check bench loadtest loadtest-fake soak fuzz crash clean
 
 help: ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -37,6 +37,9 @@ tools: ## pinned Go tools into .tools/bin (grpcurl, protoc-gen-go, protoc-gen-go
 
 serve: install ## install everything and serve gRPC on 127.0.0.1:50051 and OpenAI-style HTTP on :8080 (one process)
 	$(VENV)/bin/ragplane serve --http-port $(or $(HTTP_PORT),8080)
+
+serve-cluster: install ## a local PostgreSQL and three servers sharing it on 127.0.0.1:50051-50053 (Ctrl-C stops)
+	$(PY) scripts/serve_cluster.py --servers $(or $(SERVERS),3)
 
 protos: install tools ## regenerate ragplane/v1 and clients/go/ragplanev1 from protos/
 	$(PY) scripts/gen_protos.py
@@ -92,4 +95,4 @@ service-g2: install ## G2 in the service: Locust mixed, shadow at sample rate 1.
 	$(PY) -m bench.service_g2
 
 clean: ## remove the venv and build outputs
-	rm -rf $(VENV) .tools embedder_rs/target clients/rust/target ragplane-data
+	rm -rf $(VENV) .tools embedder_rs/target clients/rust/target ragplane-data ragplane-cluster

@@ -10,6 +10,7 @@ PY="$VENV/bin/python"
 if [ -x scripts/install_vulkan.sh ] || [ -f scripts/install_vulkan.sh ]; then
   bash scripts/install_vulkan.sh || echo "note: software Vulkan not installed; wgpu tests will skip"
 fi
+bash scripts/install_postgres.sh
 if ! command -v cargo >/dev/null 2>&1; then
   echo "error: cargo (Rust) is needed to build embedder_rs; install it from https://rustup.rs" >&2
   exit 1

@@ -18,6 +18,36 @@ if [ $rc -eq 5 ]; then
   rc=0
 fi
 [ $rc -eq 0 ] || exit $rc
+
+# A full run (no arguments) runs the whole e2e suite once more, every server on a PostgreSQL
+# store (one PostgreSQL for the run, a database per test server: ragplane.testkit.harness),
+# in the background beside cargo's tests. test_cluster.py starts its own PostgreSQL (it stops
+# it) and ran above. SKIP_POSTGRES=1 leaves the pass out, saying so.
+pg_pid=""
+pg_dir=""
+if [ $# -eq 0 ] && [ -n "${SKIP_POSTGRES:-}" ]; then
+  echo "run_tests.sh: SKIP_POSTGRES is set; the e2e suite did not run on a PostgreSQL store" >&2
+elif [ $# -eq 0 ]; then
+  pg_dir=$(mktemp -d /tmp/ragplane-test-pg.XXXXXX)
+  chmod 755 "$pg_dir"
+  pg_url=$("$VENV/bin/python" scripts/postgres_for_tests.py start "$pg_dir") || exit 1
+  echo "== the e2e suite on a PostgreSQL store (in the background; log: $pg_dir/e2e.log)"
+  RAGPLANE_TEST_PG="$pg_url" "$VENV/bin/python" -m pytest tests/e2e -p no:cacheprovider \
+    --ignore tests/e2e/test_cluster.py >"$pg_dir/e2e.log" 2>&1 &
+  pg_pid=$!
+fi
+finish_pg() {
+  [ -n "$pg_pid" ] || return 0
+  wait "$pg_pid"
+  local prc=$?
+  echo "== the e2e suite on a PostgreSQL store: exit $prc"
+  tail -n 25 "$pg_dir/e2e.log"
+  "$VENV/bin/python" scripts/postgres_for_tests.py stop "$pg_dir"
+  [ $prc -eq 0 ] && rm -rf "$pg_dir"
+  pg_pid=""
+  return $prc
+}
+trap 'if [ -n "$pg_pid" ]; then kill "$pg_pid" 2>/dev/null; "$VENV/bin/python" scripts/postgres_for_tests.py stop "$pg_dir"; fi' EXIT
 if [ -f embedder_rs/Cargo.toml ] && [ -z "${SKIP_CARGO_TEST:-}" ]; then
   if [ -z "${EMBEDDER_RS_MODEL_DIR:-}" ]; then
     EMBEDDER_RS_MODEL_DIR=$("$VENV/bin/python" -c \
@@ -30,3 +60,4 @@ if [ -f embedder_rs/Cargo.toml ] && [ -z "${SKIP_CARGO_TEST:-}" ]; then
   # Not quiet, its output shown: the log says that the real-model test ran, and on what.
   (cd embedder_rs && cargo test --release --test model_dir -- --show-output "$real") || exit $?
 fi
+finish_pg || exit $?

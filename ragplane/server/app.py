@@ -456,7 +456,8 @@ def serve(settings: Settings) -> None:
         settings.host,
         port,
         runtime.embedding.canonical.identity,
-        settings.data_dir,
+        settings.data_dir if settings.store == "sqlite" else
+        f"{settings.data_dir}/cache, store {runtime.engine.replica.store.where}",
         ", TLS" if settings.tls_cert else "",
         f", metrics on :{runtime.metrics_port}" if runtime.metrics_port else "",
         f", OpenAI-compatible HTTP on :{runtime.http.port}" if runtime.http else "",

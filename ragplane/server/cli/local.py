@@ -37,6 +37,10 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Bind address.")] = None,
     port: Annotated[int | None, typer.Option(help="gRPC port (0 = any free).")] = None,
     data_dir: Annotated[str | None, typer.Option(help="Data directory.")] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(help="sqlite (embedded, the default) | postgresql://user@host:port/db"),
+    ] = None,
     embedder: Annotated[
         str | None, typer.Option(help="auto | sentence-transformers | onnx | embedder_rs | fake")
     ] = None,
@@ -51,8 +55,9 @@ def serve(
     log_json: Annotated[bool | None, typer.Option("--log-json/--no-log-json")] = None,
     set_: SetOpt = None,
 ) -> None:
-    """Start the gRPC server (SQLite + FAISS in this process), and the OpenAI-compatible
-    HTTP API when --http-port is set, until SIGTERM."""
+    """Start the gRPC server (SQLite + FAISS in this process, or a PostgreSQL store shared
+    by many servers with --store), and the OpenAI-compatible HTTP API when --http-port is
+    set, until SIGTERM."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from ragplane.server import logs
@@ -65,6 +70,7 @@ def serve(
             host=host,
             port=port,
             data_dir=data_dir,
+            store=store,
             embedder=embedder,
             device=device,
             metrics_port=metrics_port,
