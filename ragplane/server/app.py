@@ -131,6 +131,8 @@ def _assemble(
     )
     stack.callback(embedding.close)
     engine = stack.enter_context(_open_engine(settings, data_dir))
+    if (replica := getattr(engine, "replica", None)) is not None:
+        replica.on_lag = metrics.observe_store_lag
     collections = CollectionService(
         engine,
         embedding,
@@ -410,6 +412,10 @@ class _Gauges:
 
     def shadow_status(self) -> list[CaseStatus]:
         return self._rt.shadow.status() if self._rt.shadow is not None else []
+
+    def store_position(self) -> tuple[int, float] | None:
+        replica = getattr(self._rt.engine, "replica", None)
+        return None if replica is None else (replica.applied, replica.lag_seconds())
 
 
 def _tls_credentials(settings: Settings) -> grpc.ServerCredentials:

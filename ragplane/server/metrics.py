@@ -39,6 +39,8 @@ _LATENCY_BUCKETS = (
     10,
     30,
 )
+_LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25,
+                0.35, 0.5, 0.75, 1, 2, 5, 10, 30)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -60,6 +62,11 @@ class RuntimeGauges(Protocol):
 
     def shadow_status(self) -> Sequence[CaseStatus]:
         """Each shadowed use case; empty when nothing is shadowed."""
+        ...
+
+    def store_position(self) -> tuple[int, float] | None:
+        """With a PostgreSQL store: (the change-log position applied here, seconds behind
+        the log); None with the embedded store."""
         ...
 
 
@@ -113,7 +120,17 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # With a PostgreSQL store: seconds from a change's commit to this server applying it.
+        self.store_apply_lag = Histogram(
+            "ragplane_store_apply_lag_seconds",
+            "Seconds from a change's commit in PostgreSQL to this server applying it",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
         self._http = None
+
+    def observe_store_lag(self, seconds: float) -> None:
+        self.store_apply_lag.observe(seconds)
 
     def observe_http(self, route: str, status: int, seconds: float) -> None:
         self.http_requests.labels(route, str(status)).inc()
@@ -164,6 +181,17 @@ class _RuntimeCollector(Collector):
         yield sb
         yield from _collection_gauges(g.collections())
         yield from _shadow_gauges(g.shadow_status())
+        if (store := g.store_position()) is not None:
+            pos = GaugeMetricFamily(
+                "ragplane_store_applied_position", "Change-log position applied here"
+            )
+            pos.add_metric([], store[0])
+            lag = GaugeMetricFamily(
+                "ragplane_store_lag_seconds", "How far behind PostgreSQL's change log (seconds)"
+            )
+            lag.add_metric([], store[1])
+            yield pos
+            yield lag
 
 
 def _collection_gauges(colls: Iterable[CollectionInfo]) -> Iterator[GaugeMetricFamily]:

@@ -35,6 +35,7 @@ class Change:
     pos: int
     op: dict[str, Any]
     vectors: bytes
+    at: float = 0.0  # when it was written (unix seconds, PostgreSQL's clock)
 
 
 def text_sha(text: str) -> bytes:
@@ -124,7 +125,7 @@ class PgStore:
     @staticmethod
     def append(c: psycopg.Connection, pos: int, op: dict[str, Any], vectors: bytes = b"") -> None:
         c.execute(
-            "INSERT INTO rp_changes (pos, op, vectors) VALUES (%s, %s, %s)",
+            "INSERT INTO rp_changes (pos, op, vectors, at) VALUES (%s, %s, %s, clock_timestamp())",
             (pos, Jsonb(op), vectors or None),
         )
         c.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(pos)))
@@ -147,10 +148,11 @@ class PgStore:
     def changes_after(self, pos: int, limit: int = 1000) -> list[Change]:
         with self.conn() as c:
             rows = c.execute(
-                "SELECT pos, op, vectors FROM rp_changes WHERE pos > %s ORDER BY pos LIMIT %s",
+                "SELECT pos, op, vectors, extract(epoch FROM at)::float8 FROM rp_changes "
+                "WHERE pos > %s ORDER BY pos LIMIT %s",
                 (pos, limit),
             ).fetchall()
-        return [Change(int(p), op, bytes(v or b"")) for p, op, v in rows]
+        return [Change(int(p), op, bytes(v or b""), float(at)) for p, op, v, at in rows]
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[tuple[psycopg.Connection, int]]:

@@ -72,6 +72,11 @@ class Replica:
         self.last_contact = 0.0
         self.ready = False
         self.broken: str | None = None
+        # the apply lag of each change the follower applies (seconds from its commit to
+        # here), for the metrics; and whether the last look at the log found nothing new
+        self.on_lag: Callable[[float], None] | None = None
+        self.caught_up_at = 0.0
+        self.last_at = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.store.migrate()
@@ -175,6 +180,7 @@ class Replica:
                 batch = self.store.changes_after(self.applied)
                 self.last_contact = time.monotonic()
                 if not batch:
+                    self.caught_up_at = time.time()
                     break
                 for ch in batch:
                     if upto is not None and ch.pos > upto:
@@ -193,6 +199,17 @@ class Replica:
             raise Unavailable(f"this server's cache is behind: {self.broken}", 1.0) from exc
         self.broken = None
         self.advance(ch.pos)
+        if ch.at:
+            self.last_at = ch.at
+            if self.on_lag is not None:
+                self.on_lag(max(0.0, time.time() - ch.at))
+
+    def lag_seconds(self) -> float:
+        """0 when the last look at the log found nothing new since; else how old the last
+        applied change is (how far behind the log this server is, at least)."""
+        if self.caught_up_at >= self.last_at:
+            return 0.0
+        return max(0.0, time.time() - self.last_at)
 
     def advance(self, pos: int) -> None:
         with self._applied_cv:
