@@ -195,10 +195,17 @@ func TestClusterReadsAWriteWithItsToken(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
+	// A write checks its collection against the answering server's own copy and carries
+	// no token: the collection is created on one server and read with the create's token
+	// on the other before writes go through the cluster client.
 	name := fmt.Sprintf("go_cluster_%d", time.Now().UnixNano())
-	info, err := both.CreateCollection(ctx, name)
+	info, err := single[0].CreateCollection(ctx, name)
 	if err != nil || info.GetConsistencyToken() == "" {
 		t.Fatalf("CreateCollection: %v (token %q)", err, info.GetConsistencyToken())
+	}
+	if _, err := single[1].IndexService.DescribeCollection(ctx, &pb.DescribeCollectionRequest{
+		Name: name, ConsistencyToken: info.GetConsistencyToken()}); err != nil {
+		t.Fatalf("DescribeCollection on the other server with the create's token: %v", err)
 	}
 	a, _ := ragplane.Item("a", "the cat sat on the mat", nil)
 	b, _ := ragplane.Item("b", "stock markets fell sharply today", nil)
@@ -208,6 +215,9 @@ func TestClusterReadsAWriteWithItsToken(t *testing.T) {
 	token := both.LastConsistencyToken()
 	if token == "" || token == info.GetConsistencyToken() {
 		t.Fatalf("LastConsistencyToken after Upsert: %q (CreateCollection's was %q)", token, info.GetConsistencyToken())
+	}
+	if single[0].LastConsistencyToken() != info.GetConsistencyToken() {
+		t.Fatalf("LastConsistencyToken after CreateCollection: %q, want %q", single[0].LastConsistencyToken(), info.GetConsistencyToken())
 	}
 	read := ragplane.WithConsistencyToken(ctx, token)
 	for _, c := range []*ragplane.Client{single[0], single[1], both, both} {

@@ -63,6 +63,17 @@ def addrs(cluster) -> list[str]:
     return [s["addr"] for s in cluster["servers"]]
 
 
+def create_everywhere(cluster, name: str) -> None:
+    """Create a collection and wait for every server to have it: a write checks its
+    collection against the server's own copy, so a write through another server right
+    after the create could find none yet (NOT_FOUND); writes carry no token."""
+    a, b = addrs(cluster)
+    with Client(a) as on_a, Client(b) as on_b:
+        token = on_a.create_collection(name).consistency_token
+        assert token
+        assert on_b.describe_collection(name, consistency_token=token).name == name
+
+
 def test_a_list_of_targets_spreads_calls_over_both_servers(cluster):
     servers = cluster["servers"]
     assert len(servers) == 2
@@ -127,8 +138,8 @@ def test_the_token_reaches_the_server(cluster):
 
 async def test_async_client_passes_and_returns_the_token(cluster):
     name = f"py_async_{uuid.uuid4().hex[:8]}"
+    create_everywhere(cluster, name)
     async with AsyncClient(addrs(cluster), timeout=30) as c:
-        await c.create_collection(name)
         up = await c.upsert(name, [Item("1", "hello there")])
         assert up.consistency_token and c.last_consistency_token == up.consistency_token
         for _ in range(2):

@@ -188,9 +188,17 @@ async fn cluster_reads_a_write_with_its_token() {
                 .expect("connect"),
         );
     }
+    // A write checks its collection against the answering server's own copy and carries
+    // no token: the collection is created on one server and read with the create's token
+    // on the other before writes go through the cluster client.
     let name = unique("rs_cluster");
-    let info = both.create_collection(&name).await.expect("create");
+    let info = clients[2].create_collection(&name).await.expect("create");
     assert!(!info.consistency_token.is_empty(), "{info:?}");
+    assert_eq!(clients[2].last_consistency_token(), info.consistency_token);
+    clients[3]
+        .describe_collection(&name, &info.consistency_token)
+        .await
+        .expect("describe on the other server with the create's token");
     let up = both
         .upsert_with(v1::UpsertRequest {
             collection: name.clone(),
