@@ -53,6 +53,11 @@ class Client:
     max_message_bytes: gRPC message limit both ways (the server's default is 64 MiB).
     channel_options: more gRPC channel options, as (name, value) pairs.
 
+    Several servers of one cluster (a shared PostgreSQL store): pass them as the list of
+    targets. Write results carry a `consistency_token` and reads take `consistency_token=`:
+    the server that answers waits until it has applied that write (`last_consistency_token`
+    is the furthest one this client's replies carried).
+
     Errors are grpc.RpcError: `e.code()` (INVALID_ARGUMENT, NOT_FOUND, ...) and
     `e.details()` say what to change. Arguments the client can check itself raise
     ValueError or TypeError before any call.

@@ -199,6 +199,26 @@ impl Client {
     /// within a Tokio runtime. Any server answers any call but applies the others' writes a
     /// moment later: pass a write's token to a read to see the write wherever it lands
     /// ([`Client::last_consistency_token`]).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use ragplane_client::{item, v1, Client, Options};
+    ///
+    /// let addrs = ["http://10.0.0.1:50051", "http://10.0.0.2:50051"];
+    /// let c = Client::connect_cluster(addrs, Options::default())?;
+    /// c.upsert("docs", vec![item("1", "PostgreSQL is the source of truth")]).await?;
+    /// let r = c
+    ///     .search_with(v1::SearchRequest {
+    ///         collection: "docs".into(),
+    ///         query: Some(v1::search_request::Query::Text("where is data kept?".into())),
+    ///         top_k: 5,
+    ///         include_text: true,
+    ///         consistency_token: c.last_consistency_token(), // sees item 1 on either server
+    ///         ..Default::default()
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn connect_cluster<I, S>(addrs: I, opts: Options) -> Result<Self, Error>
     where
         I: IntoIterator<Item = S>,
