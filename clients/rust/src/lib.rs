@@ -441,3 +441,17 @@ impl Client {
         Ok(self.memory_service().recall(req).await?.into_inner())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::newer;
+
+    #[test]
+    fn newer_keeps_the_furthest_token() {
+        assert_eq!(newer("", "ab.7"), "ab.7");
+        assert_eq!(newer("ab.7", ""), "ab.7");
+        assert_eq!(newer("ab.10", "ab.9"), "ab.10"); // by position, not as strings
+        assert_eq!(newer("ab.9", "ab.10"), "ab.10");
+        assert_eq!(newer("ab.9", "cd.1"), "cd.1"); // another store: the latest one
+    }
+}
