@@ -10,6 +10,10 @@
 // generated stubs in the exported fields (c.IndexService, c.SearchService, c.AdminService, ...), which share the
 // client's connection and API key. Errors are gRPC status errors whose code says what to
 // change (status.Code(err): InvalidArgument, NotFound, Unauthenticated, ...).
+//
+// For several servers of one cluster (a shared PostgreSQL store), DialCluster balances the
+// calls round robin, and WithConsistencyToken / Client.LastConsistencyToken let a read see a
+// write on whichever server answers.
 package ragplane
 
 import (
@@ -44,7 +48,8 @@ type Options struct {
 
 // Client is a ragplane connection. It is safe for concurrent use; Close it when done.
 type Client struct {
-	conn *grpc.ClientConn
+	conn   *grpc.ClientConn
+	tokens tokens
 
 	EmbedService  pb.EmbedServiceClient
 	IndexService  pb.IndexServiceClient
@@ -54,9 +59,17 @@ type Client struct {
 }
 
 // Dial creates a client for addr ("host:port", or any gRPC target such as "dns:///host:443").
-// Like grpc.NewClient it does not wait for the server: the first call connects.
+// Like grpc.NewClient it does not wait for the server: the first call connects. For several
+// servers of one cluster, see DialCluster.
 func Dial(addr string, opts Options) (*Client, error) {
-	dial := []grpc.DialOption{}
+	return dial(addr, opts)
+}
+
+// dial makes the connection with the client's options (TLS, key, the consistency-token
+// interceptor), then extra (DialCluster's resolver and policy), then opts.DialOptions.
+func dial(target string, opts Options, extra ...grpc.DialOption) (*Client, error) {
+	c := &Client{}
+	dial := []grpc.DialOption{grpc.WithChainUnaryInterceptor(c.tokens.intercept)}
 	if opts.TLS != nil {
 		dial = append(dial, grpc.WithTransportCredentials(credentials.NewTLS(opts.TLS)))
 	} else {
@@ -68,19 +81,19 @@ func Dial(addr string, opts Options) (*Client, error) {
 		}
 		dial = append(dial, grpc.WithPerRPCCredentials(bearer{key: opts.APIKey, secure: opts.TLS != nil}))
 	}
+	dial = append(dial, extra...)
 	dial = append(dial, opts.DialOptions...)
-	conn, err := grpc.NewClient(addr, dial...)
+	conn, err := grpc.NewClient(target, dial...)
 	if err != nil {
-		return nil, fmt.Errorf("ragplane: dial %s: %w", addr, err)
+		return nil, fmt.Errorf("ragplane: dial %s: %w", target, err)
 	}
-	return &Client{
-		conn:          conn,
-		EmbedService:  pb.NewEmbedServiceClient(conn),
-		IndexService:  pb.NewIndexServiceClient(conn),
-		SearchService: pb.NewSearchServiceClient(conn),
-		MemoryService: pb.NewMemoryServiceClient(conn),
-		AdminService:  pb.NewAdminServiceClient(conn),
-	}, nil
+	c.conn = conn
+	c.EmbedService = pb.NewEmbedServiceClient(conn)
+	c.IndexService = pb.NewIndexServiceClient(conn)
+	c.SearchService = pb.NewSearchServiceClient(conn)
+	c.MemoryService = pb.NewMemoryServiceClient(conn)
+	c.AdminService = pb.NewAdminServiceClient(conn)
+	return c, nil
 }
 
 // Conn is the underlying connection, for other services on the same server (health).

@@ -45,21 +45,7 @@ func startServer(t *testing.T, settings ...string) string {
 	if addr := os.Getenv("RAGPLANE_ADDR"); addr != "" {
 		return addr
 	}
-	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	venv := os.Getenv("VENV")
-	if venv == "" {
-		venv = ".venv"
-	}
-	if !filepath.IsAbs(venv) {
-		venv = filepath.Join(root, venv)
-	}
-	python := filepath.Join(venv, "bin", "python")
-	if _, err := os.Stat(python); err != nil {
-		t.Skipf("no Python virtualenv at %s to run the ragplane server (run `make install` first, or set RAGPLANE_ADDR=host:port)", python)
-	}
+	root, python := venvPython(t)
 
 	dir := t.TempDir()
 	portFile := filepath.Join(dir, "port")
@@ -110,6 +96,28 @@ func startServer(t *testing.T, settings ...string) string {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// venvPython is the repository root and the virtualenv's python ($VENV, default .venv);
+// it skips the test when there is none.
+func venvPython(t *testing.T) (root, python string) {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	venv := os.Getenv("VENV")
+	if venv == "" {
+		venv = ".venv"
+	}
+	if !filepath.IsAbs(venv) {
+		venv = filepath.Join(root, venv)
+	}
+	python = filepath.Join(venv, "bin", "python")
+	if _, err := os.Stat(python); err != nil {
+		t.Skipf("no Python virtualenv at %s to run the ragplane server (run `make install` first, or set RAGPLANE_ADDR=host:port)", python)
+	}
+	return root, python
 }
 
 func TestSmokeAgainstLiveServer(t *testing.T) {

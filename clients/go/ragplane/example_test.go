@@ -72,3 +72,40 @@ func ExampleDial_tls() {
 	}
 	defer c.Close()
 }
+
+// Several servers of one cluster (a shared PostgreSQL store), round robin; a read passed a
+// write's token sees the write on whichever server answers.
+func ExampleDialCluster() {
+	ctx := context.Background()
+	c, err := ragplane.DialCluster([]string{"10.0.0.1:50051", "10.0.0.2:50051"}, ragplane.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	item, err := ragplane.Item("1", "PostgreSQL is the source of truth", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := c.Upsert(ctx, "docs", item); err != nil {
+		log.Fatal(err)
+	}
+	read := ragplane.WithConsistencyToken(ctx, c.LastConsistencyToken())
+	hits, err := c.Search(read, "docs", "where is data kept?", 5) // sees item 1, on either server
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(len(hits))
+
+	// The generated stubs: the token is on every write reply and every read request.
+	r, err := c.MemoryService.Remember(ctx, &pb.RememberRequest{Namespace: "agent-42", Text: "prefers dark mode"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	mems, err := c.MemoryService.Recall(ctx, &pb.RecallRequest{Namespace: "agent-42", Query: "theme", TopK: 5,
+		ConsistencyToken: r.GetConsistencyToken()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(len(mems.GetMemories()))
+}

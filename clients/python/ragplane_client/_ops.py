@@ -47,6 +47,21 @@ def _timeout(o: dict[str, Any]) -> float | None:
     return o.pop("timeout", None)
 
 
+def reply_token(reply: Any) -> str:
+    """A reply's consistency_token ("" when its message has none)."""
+    return getattr(reply, "consistency_token", "") or ""
+
+
+def newer(a: str, b: str) -> str:
+    """The token of the later position of two (tokens are "<store>.<position>"); b when
+    they are not comparable (another store, or not a token)."""
+    pa, _, na = a.rpartition(".")
+    pb, _, nb = b.rpartition(".")
+    if pa == pb and na.isdigit() and nb.isdigit() and int(na) > int(nb):
+        return a
+    return b or a
+
+
 def embed(
     texts: Sequence[str],
     normalize: bool | None,
@@ -66,17 +81,18 @@ def create_collection(name: str, o: dict[str, Any]) -> Op[CollectionInfo]:
     return Op(CREATE, req.create_collection(name, **o), rep.collection, t)
 
 
-def list_collections(timeout: float | None) -> Op[list[CollectionInfo]]:
+def list_collections(timeout: float | None, token: str = "") -> Op[list[CollectionInfo]]:
     return Op(
         LIST,
-        index_pb2.ListCollectionsRequest(),
+        index_pb2.ListCollectionsRequest(consistency_token=token),
         lambda r: [rep.collection(c) for c in r.collections],
         timeout,
     )
 
 
-def describe_collection(name: str, timeout: float | None) -> Op[CollectionInfo]:
-    return Op(DESCRIBE, index_pb2.DescribeCollectionRequest(name=name), rep.collection, timeout)
+def describe_collection(name: str, timeout: float | None, token: str = "") -> Op[CollectionInfo]:
+    r = index_pb2.DescribeCollectionRequest(name=name, consistency_token=token)
+    return Op(DESCRIBE, r, rep.collection, timeout)
 
 
 def delete_collection(name: str, timeout: float | None) -> Op[bool]:
@@ -100,7 +116,7 @@ class UpsertTotals:
 
     def __init__(self) -> None:
         self.upserted = self.chunks = self.truncated = self.batches = 0
-        self.embedder = ""
+        self.embedder = self.token = ""
 
     def add(self, r: index_pb2.UpsertResponse) -> None:
         self.upserted += r.upserted
@@ -108,15 +124,22 @@ class UpsertTotals:
         self.truncated += r.truncated
         self.batches += 1
         self.embedder = r.embedder or self.embedder
+        self.token = newer(self.token, r.consistency_token)
 
     def result(self) -> UpsertResult:
-        return UpsertResult(self.upserted, self.chunks, self.truncated, self.embedder, self.batches)
+        return UpsertResult(
+            self.upserted, self.chunks, self.truncated, self.embedder, self.batches, self.token
+        )
 
 
 def get(
-    collection: str, ids: Sequence[str], include_vectors: bool, timeout: float | None
+    collection: str,
+    ids: Sequence[str],
+    include_vectors: bool,
+    timeout: float | None,
+    token: str = "",
 ) -> Op[list[Item]]:
-    r = req.get(collection, ids, include_vectors)
+    r = req.get(collection, ids, include_vectors, token)
     return Op(GET, r, lambda x: [rep.item(it) for it in x.items], timeout)
 
 
@@ -153,9 +176,9 @@ def forget(namespace: str, ids: Any, filter: Any, all: bool, timeout: float | No
 
 
 def list_memories(
-    namespace: str, page_size: int, page_token: str, timeout: float | None
+    namespace: str, page_size: int, page_token: str, timeout: float | None, token: str = ""
 ) -> Op[MemoryPage]:
     r = memory_pb2.ListMemoriesRequest(
-        namespace=namespace, page_size=page_size, page_token=page_token
+        namespace=namespace, page_size=page_size, page_token=page_token, consistency_token=token
     )
     return Op(MEMORIES, r, rep.memory_page, timeout)

@@ -108,6 +108,7 @@ def collection(c: index_pb2.CollectionInfo) -> CollectionInfo:
             p.hnsw_m, p.hnsw_ef_construction, p.hnsw_ef_search, p.ivf_nlist, p.ivf_nprobe, p.pq_m
         ),
         created_at=c.created_at,
+        consistency_token=c.consistency_token,
     )
 
 
@@ -170,7 +171,7 @@ def memory(m: memory_pb2.Memory) -> Memory:
 
 
 def remembered(r: memory_pb2.RememberResponse) -> Remembered:
-    return Remembered(id=r.id, deduplicated=r.deduplicated)
+    return Remembered(id=r.id, deduplicated=r.deduplicated, consistency_token=r.consistency_token)
 
 
 def memories(r: memory_pb2.RecallResponse) -> list[Memory]:

@@ -128,11 +128,16 @@ def upsert_batches(
         yield index_pb2.UpsertRequest(collection=collection, items=batch)
 
 
-def get(collection: str, ids: Sequence[str], include_vectors: bool) -> index_pb2.GetRequest:
+def get(
+    collection: str, ids: Sequence[str], include_vectors: bool, consistency_token: str = ""
+) -> index_pb2.GetRequest:
     if isinstance(ids, str):
         ids = [ids]
     return index_pb2.GetRequest(
-        collection=collection, ids=list(ids), include_vectors=include_vectors
+        collection=collection,
+        ids=list(ids),
+        include_vectors=include_vectors,
+        consistency_token=consistency_token,
     )
 
 
@@ -169,6 +174,7 @@ def search(collection: str, query: str | Sequence[float], **o: Any) -> search_pb
         group_by=o.get("group_by", ""),
         group_size=int(o.get("group_size", 0)),
         group_limit=int(o.get("group_limit", 0)),
+        consistency_token=o.get("consistency_token") or "",
     )
     if isinstance(query, str):
         req.text = query
@@ -204,6 +210,7 @@ def recall(namespace: str, query: str, **o: Any) -> memory_pb2.RecallRequest:
         query=query,
         top_k=int(o.get("top_k", 5)),
         mode=enum(MODES, o.get("mode", "dense"), "search mode"),
+        consistency_token=o.get("consistency_token") or "",
     )
     f = filters.to_pb(o.get("filter"))
     if f is not None:

@@ -69,6 +69,7 @@ class AsyncClient:
         self._channels: list[grpc.aio.Channel] = []
         self._stubs: list[Stubs] = []
         self._next = itertools.count()
+        self._token = ""
 
     @property
     def stubs(self) -> Stubs:
@@ -91,12 +92,25 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    @property
+    def last_consistency_token(self) -> str:
+        """The furthest consistency_token any reply to this client carried (a PostgreSQL
+        store; "" with the embedded one): pass it as a read's `consistency_token=` to read
+        everything this client wrote, on whichever server answers."""
+        return self._token
+
+    def _saw(self, token: str) -> None:
+        if token:
+            self._token = ops.newer(self._token, token)
+
     async def _run(self, op: ops.Op[T]) -> T:
         policy, timeout = self._cfg.retry, op.timeout or self._cfg.timeout
         for attempt in itertools.count():
             method = getattr(getattr(self.stubs, op.rpc.service), op.rpc.method)
             try:
-                return op.convert(await method(op.request, timeout=timeout))
+                reply = await method(op.request, timeout=timeout)
+                self._saw(ops.reply_token(reply))
+                return op.convert(reply)
             except grpc.RpcError as exc:
                 if not policy.retries(exc, attempt, op.rpc.idempotent):
                     raise
@@ -126,13 +140,15 @@ class AsyncClient:
     ) -> CollectionInfo:
         return await self._run(ops.create_collection(name, dict(options)))
 
-    async def list_collections(self, *, timeout: float | None = None) -> list[CollectionInfo]:
-        return await self._run(ops.list_collections(timeout))
+    async def list_collections(
+        self, *, timeout: float | None = None, consistency_token: str = ""
+    ) -> list[CollectionInfo]:
+        return await self._run(ops.list_collections(timeout, consistency_token))
 
     async def describe_collection(
-        self, name: str, *, timeout: float | None = None
+        self, name: str, *, timeout: float | None = None, consistency_token: str = ""
     ) -> CollectionInfo:
-        return await self._run(ops.describe_collection(name, timeout))
+        return await self._run(ops.describe_collection(name, timeout, consistency_token))
 
     async def delete_collection(self, name: str, *, timeout: float | None = None) -> bool:
         return await self._run(ops.delete_collection(name, timeout))
@@ -161,8 +177,10 @@ class AsyncClient:
         *,
         include_vectors: bool = False,
         timeout: float | None = None,
+        consistency_token: str = "",
     ) -> list[Item]:
-        return await self._run(ops.get(collection, ids, include_vectors, timeout))
+        op = ops.get(collection, ids, include_vectors, timeout, consistency_token)
+        return await self._run(op)
 
     async def delete(
         self,
@@ -217,13 +235,22 @@ class AsyncClient:
         page_size: int = 0,
         page_token: str = "",
         timeout: float | None = None,
+        consistency_token: str = "",
     ) -> MemoryPage:
-        return await self._run(ops.list_memories(namespace, page_size, page_token, timeout))
+        op = ops.list_memories(namespace, page_size, page_token, timeout, consistency_token)
+        return await self._run(op)
 
-    async def iter_memories(self, namespace: str, *, page_size: int = 100) -> AsyncIterator[Memory]:
+    async def iter_memories(
+        self, namespace: str, *, page_size: int = 100, consistency_token: str = ""
+    ) -> AsyncIterator[Memory]:
         token = ""
         while True:
-            page = await self.list_memories(namespace, page_size=page_size, page_token=token)
+            page = await self.list_memories(
+                namespace,
+                page_size=page_size,
+                page_token=token,
+                consistency_token=consistency_token,
+            )
             for m in page.memories:
                 yield m
             token = page.next_page_token

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -52,6 +53,11 @@ class Client:
     max_message_bytes: gRPC message limit both ways (the server's default is 64 MiB).
     channel_options: more gRPC channel options, as (name, value) pairs.
 
+    Several servers of one cluster (a shared PostgreSQL store): pass them as the list of
+    targets. Write results carry a `consistency_token` and reads take `consistency_token=`:
+    the server that answers waits until it has applied that write (`last_consistency_token`
+    is the furthest one this client's replies carried).
+
     Errors are grpc.RpcError: `e.code()` (INVALID_ARGUMENT, NOT_FOUND, ...) and
     `e.details()` say what to change. Arguments the client can check itself raise
     ValueError or TypeError before any call.
@@ -81,6 +87,8 @@ class Client:
         self._channels = [_channel(self._cfg, t) for t in self._cfg.targets]
         self._stubs = [Stubs.of(ch) for ch in self._channels]
         self._next = itertools.count()
+        self._token = ""
+        self._lock = threading.Lock()
 
     @property
     def stubs(self) -> Stubs:
@@ -98,12 +106,26 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def last_consistency_token(self) -> str:
+        """The furthest consistency_token any reply to this client carried (a PostgreSQL
+        store; "" with the embedded one): pass it as a read's `consistency_token=` to read
+        everything this client wrote, on whichever server answers."""
+        return self._token
+
+    def _saw(self, token: str) -> None:
+        if token:
+            with self._lock:
+                self._token = ops.newer(self._token, token)
+
     def _run(self, op: ops.Op[T]) -> T:
         policy, timeout = self._cfg.retry, op.timeout or self._cfg.timeout
         for attempt in itertools.count():
             method = getattr(getattr(self.stubs, op.rpc.service), op.rpc.method)
             try:
-                return op.convert(method(op.request, timeout=timeout))
+                reply = method(op.request, timeout=timeout)
+                self._saw(ops.reply_token(reply))
+                return op.convert(reply)
             except grpc.RpcError as exc:
                 if not policy.retries(exc, attempt, op.rpc.idempotent):
                     raise
@@ -136,11 +158,15 @@ class Client:
         (default on at the embedder's window; False, True, a dict or a Chunking)."""
         return self._run(ops.create_collection(name, dict(options)))
 
-    def list_collections(self, *, timeout: float | None = None) -> list[CollectionInfo]:
-        return self._run(ops.list_collections(timeout))
+    def list_collections(
+        self, *, timeout: float | None = None, consistency_token: str = ""
+    ) -> list[CollectionInfo]:
+        return self._run(ops.list_collections(timeout, consistency_token))
 
-    def describe_collection(self, name: str, *, timeout: float | None = None) -> CollectionInfo:
-        return self._run(ops.describe_collection(name, timeout))
+    def describe_collection(
+        self, name: str, *, timeout: float | None = None, consistency_token: str = ""
+    ) -> CollectionInfo:
+        return self._run(ops.describe_collection(name, timeout, consistency_token))
 
     def delete_collection(self, name: str, *, timeout: float | None = None) -> bool:
         """True when it existed."""
@@ -174,9 +200,11 @@ class Client:
         *,
         include_vectors: bool = False,
         timeout: float | None = None,
+        consistency_token: str = "",
     ) -> list[Item]:
         """The items found, in the order of `ids` (missing ids are left out)."""
-        return self._run(ops.get(collection, ids, include_vectors, timeout))
+        op = ops.get(collection, ids, include_vectors, timeout, consistency_token)
+        return self._run(op)
 
     def delete(
         self,
@@ -241,15 +269,24 @@ class Client:
         page_size: int = 0,
         page_token: str = "",
         timeout: float | None = None,
+        consistency_token: str = "",
     ) -> MemoryPage:
         """One page of a namespace's memories; pass `next_page_token` for the next."""
-        return self._run(ops.list_memories(namespace, page_size, page_token, timeout))
+        op = ops.list_memories(namespace, page_size, page_token, timeout, consistency_token)
+        return self._run(op)
 
-    def iter_memories(self, namespace: str, *, page_size: int = 100) -> Iterator[Memory]:
+    def iter_memories(
+        self, namespace: str, *, page_size: int = 100, consistency_token: str = ""
+    ) -> Iterator[Memory]:
         """Every memory of the namespace, page by page."""
         token = ""
         while True:
-            page = self.list_memories(namespace, page_size=page_size, page_token=token)
+            page = self.list_memories(
+                namespace,
+                page_size=page_size,
+                page_token=token,
+                consistency_token=consistency_token,
+            )
             yield from page.memories
             token = page.next_page_token
             if not token:

@@ -68,6 +68,9 @@ class CollectionInfo:
     chunking: Chunking
     params: IndexParams
     created_at: float  # unix seconds
+    # The position the reply reflects (a PostgreSQL store; "" with the embedded one): pass
+    # it as a read's consistency_token to read this state on any server of the cluster.
+    consistency_token: str = ""
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,9 @@ class UpsertResult:
     truncated: int  # texts embedded truncated (collections with chunking off)
     embedder: str  # name@version that embedded items sent without a vector
     batches: int
+    # The last batch's token (a PostgreSQL store; "" with the embedded one): a read that
+    # passes it as consistency_token sees every batch, on any server of the cluster.
+    consistency_token: str = ""
 
 
 @dataclass(frozen=True)
@@ -183,6 +189,7 @@ class Memory:
 class Remembered:
     id: str
     deduplicated: bool  # an existing near-identical memory was updated instead
+    consistency_token: str = ""  # for a later read (recall, list_memories) on any server
 
 
 @dataclass(frozen=True)
@@ -208,6 +215,7 @@ class SearchOptions(TypedDict, total=False):
     group_size: int
     group_limit: int
     timeout: float
+    consistency_token: str
 
 
 class RecallOptions(TypedDict, total=False):
@@ -218,6 +226,7 @@ class RecallOptions(TypedDict, total=False):
     rrf_k: int
     dense_weight: float
     timeout: float
+    consistency_token: str
 
 
 class CollectionOptions(TypedDict, total=False):

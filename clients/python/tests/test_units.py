@@ -133,3 +133,13 @@ def test_retry_policy_waits_and_bounds():
     assert retry_after(_Err(busy.code(), (("grpc-retry-pushback-ms", "1500"),))) == 1.5
     assert retry_after(_Err(busy.code(), (("retry-after", "soon"),))) is None
     assert retry_after(busy) is None
+
+
+def test_the_furthest_token_is_kept():
+    from ragplane_client._ops import newer
+
+    assert newer("", "ab.7") == "ab.7"
+    assert newer("ab.7", "") == "ab.7"
+    assert newer("ab.10", "ab.9") == "ab.10"  # by position, not as strings
+    assert newer("ab.9", "ab.10") == "ab.10"
+    assert newer("ab.9", "cd.1") == "cd.1"  # another store: the latest one

@@ -20,7 +20,13 @@
 //! The wrapper covers the common calls; every RPC of the API is reachable through the
 //! generated stubs in [`v1`] (see [`Client::embed_service`] and its siblings), which share
 //! the client's channel and API key.
+//!
+//! Several servers of one cluster (sharing a PostgreSQL store): [`Client::connect_cluster`]
+//! balances the calls over them, and a write's `consistency_token` passed to a read
+//! ([`Client::last_consistency_token`], the `consistency_token` field of the `*_with`
+//! requests) makes whichever server answers see that write.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tonic::metadata::{Ascii, MetadataValue};
@@ -122,37 +128,127 @@ pub fn item(id: impl Into<String>, text: impl Into<String>) -> v1::Item {
     }
 }
 
-/// A ragplane client. Cheap to clone: clones share one HTTP/2 channel.
+/// A ragplane client. Cheap to clone: clones share one HTTP/2 channel (one per server with
+/// [`Client::connect_cluster`]) and the last consistency token.
 #[derive(Clone, Debug)]
 pub struct Client {
     channel: Channel,
     auth: Auth,
+    token: Arc<Mutex<String>>,
+}
+
+fn endpoint(addr: String, opts: &Options) -> Result<Endpoint, Error> {
+    let mut ep = Endpoint::from_shared(addr)?
+        .connect_timeout(opts.connect_timeout.unwrap_or(Duration::from_secs(10)));
+    if let Some(t) = opts.timeout {
+        ep = ep.timeout(t);
+    }
+    #[cfg(feature = "tls")]
+    if let Some(tls) = &opts.tls {
+        ep = ep.tls_config(tls.clone())?;
+    }
+    Ok(ep)
+}
+
+fn auth(opts: &Options) -> Result<Auth, Error> {
+    Ok(match &opts.api_key {
+        Some(k) => Auth(Some(
+            format!("Bearer {k}")
+                .parse()
+                .map_err(|_| Error::InvalidApiKey)?,
+        )),
+        None => Auth(None),
+    })
+}
+
+/// The token of the later position of `a` and `b` (tokens are `<store>.<position>`), or
+/// `b` when they do not compare (another store, or not a token).
+fn newer(a: &str, b: &str) -> String {
+    let pos = |t: &str| {
+        t.rsplit_once('.')
+            .map(|(p, n)| (p.to_owned(), n.parse::<u64>()))
+    };
+    if let (Some((pa, Ok(x))), Some((pb, Ok(y)))) = (pos(a), pos(b)) {
+        if pa == pb && x > y {
+            return a.to_owned();
+        }
+    }
+    if b.is_empty() { a } else { b }.to_owned()
 }
 
 impl Client {
     /// Connects to `addr` (`http://host:port`, or `https://` with the `tls` feature).
     pub async fn connect(addr: impl Into<String>, opts: Options) -> Result<Self, Error> {
-        let mut ep = Endpoint::from_shared(addr.into())?
-            .connect_timeout(opts.connect_timeout.unwrap_or(Duration::from_secs(10)));
-        if let Some(t) = opts.timeout {
-            ep = ep.timeout(t);
-        }
-        #[cfg(feature = "tls")]
-        if let Some(tls) = opts.tls {
-            ep = ep.tls_config(tls)?;
-        }
-        let auth = match opts.api_key {
-            Some(k) => Auth(Some(
-                format!("Bearer {k}")
-                    .parse()
-                    .map_err(|_| Error::InvalidApiKey)?,
-            )),
-            None => Auth(None),
-        };
+        let ep = endpoint(addr.into(), &opts)?;
         Ok(Client {
             channel: ep.connect().await?,
-            auth,
+            auth: auth(&opts)?,
+            token: Arc::default(),
         })
+    }
+
+    /// A client for several servers of one cluster (ragplane servers sharing a PostgreSQL
+    /// store), each `http://host:port` (or `https://` with the `tls` feature); `opts`
+    /// apply to every one. Calls are balanced over them by tonic's
+    /// [`Channel::balance_list`]: a connection per server, each call on one of the
+    /// connected servers picked at random (tower's power-of-two-choices balancer; tonic's
+    /// connections report no load, so it is an even random spread rather than a strict
+    /// rotation), a server that cannot be reached left out.
+    ///
+    /// It does not wait for the servers (the first call connects) and must be called
+    /// within a Tokio runtime. Any server answers any call but applies the others' writes a
+    /// moment later: pass a write's token to a read to see the write wherever it lands
+    /// ([`Client::last_consistency_token`]).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use ragplane_client::{item, v1, Client, Options};
+    ///
+    /// let addrs = ["http://10.0.0.1:50051", "http://10.0.0.2:50051"];
+    /// let c = Client::connect_cluster(addrs, Options::default())?;
+    /// c.upsert("docs", vec![item("1", "PostgreSQL is the source of truth")]).await?;
+    /// let r = c
+    ///     .search_with(v1::SearchRequest {
+    ///         collection: "docs".into(),
+    ///         query: Some(v1::search_request::Query::Text("where is data kept?".into())),
+    ///         top_k: 5,
+    ///         include_text: true,
+    ///         consistency_token: c.last_consistency_token(), // sees item 1 on either server
+    ///         ..Default::default()
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connect_cluster<I, S>(addrs: I, opts: Options) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let eps = addrs
+            .into_iter()
+            .map(|a| endpoint(a.into(), &opts))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Client {
+            channel: Channel::balance_list(eps.into_iter()),
+            auth: auth(&opts)?,
+            token: Arc::default(),
+        })
+    }
+
+    /// The furthest `consistency_token` of the replies this client's methods received (the
+    /// generated stubs' replies are not seen; read theirs from the reply). Empty with the
+    /// embedded store or before a write. Set it as a read request's `consistency_token`
+    /// (`search_with`, `recall_with`, or a stub's request) to read every write this client
+    /// made, on whichever server answers.
+    pub fn last_consistency_token(&self) -> String {
+        self.token.lock().unwrap().clone()
+    }
+
+    fn saw(&self, token: &str) {
+        if !token.is_empty() {
+            let mut t = self.token.lock().unwrap();
+            *t = newer(&t, token);
+        }
     }
 
     pub fn embed_service(&self) -> EmbedServiceClient<Svc> {
@@ -205,26 +301,53 @@ impl Client {
         &self,
         req: v1::CreateCollectionRequest,
     ) -> Result<v1::CollectionInfo, Status> {
-        Ok(self
+        let info = self
             .index_service()
             .create_collection(req)
             .await?
-            .into_inner())
+            .into_inner();
+        self.saw(&info.consistency_token);
+        Ok(info)
     }
 
     /// Inserts or replaces `items` by id; returns how many were written. Items without a
     /// vector are embedded server-side. Acknowledged only once committed.
+    /// Its consistency token is then [`Client::last_consistency_token`]; or use
+    /// [`Client::upsert_with`], whose reply carries it.
     pub async fn upsert(&self, collection: &str, items: Vec<v1::Item>) -> Result<i64, Status> {
         let req = v1::UpsertRequest {
             collection: collection.to_owned(),
             items,
         };
-        Ok(self
+        Ok(self.upsert_with(req).await?.upserted)
+    }
+
+    /// [`Client::upsert`] returning the whole reply (chunks, truncated, consistency_token).
+    pub async fn upsert_with(&self, req: v1::UpsertRequest) -> Result<v1::UpsertResponse, Status> {
+        let r = self.index_service().upsert(req).await?.into_inner();
+        self.saw(&r.consistency_token);
+        Ok(r)
+    }
+
+    /// The collection's count, settings and the position this server has applied
+    /// (`consistency_token`). `consistency_token` (empty: do not wait) is a write's token:
+    /// the server answers once it has applied that write.
+    pub async fn describe_collection(
+        &self,
+        name: &str,
+        consistency_token: &str,
+    ) -> Result<v1::CollectionInfo, Status> {
+        let req = v1::DescribeCollectionRequest {
+            name: name.to_owned(),
+            consistency_token: consistency_token.to_owned(),
+        };
+        let info = self
             .index_service()
-            .upsert(req)
+            .describe_collection(req)
             .await?
-            .into_inner()
-            .upserted)
+            .into_inner();
+        self.saw(&info.consistency_token);
+        Ok(info)
     }
 
     /// The `top_k` nearest items to `text`, best first, with their text. Use
@@ -291,7 +414,9 @@ impl Client {
         &self,
         req: v1::RememberRequest,
     ) -> Result<v1::RememberResponse, Status> {
-        Ok(self.memory_service().remember(req).await?.into_inner())
+        let r = self.memory_service().remember(req).await?.into_inner();
+        self.saw(&r.consistency_token);
+        Ok(r)
     }
 
     /// The `top_k` memories of `namespace` best matching `query`, by a score combining
@@ -308,11 +433,25 @@ impl Client {
             top_k,
             ..Default::default()
         };
-        Ok(self
-            .memory_service()
-            .recall(req)
-            .await?
-            .into_inner()
-            .memories)
+        Ok(self.recall_with(req).await?.memories)
+    }
+
+    /// [`Client::recall`] with a full request: filter, mode, fusion, `consistency_token`.
+    pub async fn recall_with(&self, req: v1::RecallRequest) -> Result<v1::RecallResponse, Status> {
+        Ok(self.memory_service().recall(req).await?.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::newer;
+
+    #[test]
+    fn newer_keeps_the_furthest_token() {
+        assert_eq!(newer("", "ab.7"), "ab.7");
+        assert_eq!(newer("ab.7", ""), "ab.7");
+        assert_eq!(newer("ab.10", "ab.9"), "ab.10"); // by position, not as strings
+        assert_eq!(newer("ab.9", "ab.10"), "ab.10");
+        assert_eq!(newer("ab.9", "cd.1"), "cd.1"); // another store: the latest one
     }
 }
