@@ -361,3 +361,36 @@ def test_rebuilds_reach_every_server_and_a_reembedding_one_is_embedded_once(pg, 
         for s in (a, b, late):
             if s is not None:
                 s.stop()
+
+
+def test_a_collection_made_a_moment_ago_elsewhere_is_found_without_a_token(pg, tmp_path):
+    """B's follower is stopped (as if it lagged): a write and a read on B naming a collection
+    made through A catch B up instead of answering NOT_FOUND; a name that exists nowhere
+    is still NOT_FOUND."""
+    from ragplane.testkit.harness import InProcessServer
+
+    url = pg.create_database("lagging")
+    a = InProcessServer(tmp_path / "a", store=url)
+    b = InProcessServer(tmp_path / "b", store=url)
+    try:
+        replica = b.runtime.engine.replica
+        replica._stop.set()
+        replica._thread.join(timeout=10)
+        replica.last_contact = float("inf")  # healthy as far as the check goes
+        a.stubs.index.CreateCollection(index_pb2.CreateCollectionRequest(name="fresh", dim=DIM))
+        got = b.stubs.index.Get(index_pb2.GetRequest(collection="fresh", ids=["v2"]))
+        assert list(got.items) == []
+        a.stubs.index.CreateCollection(index_pb2.CreateCollectionRequest(name="texts"))
+        b.stubs.index.Upsert(
+            index_pb2.UpsertRequest(
+                collection="texts", items=[common_pb2.Item(id="t", text="made elsewhere")]
+            )
+        )
+        got = b.stubs.index.Get(index_pb2.GetRequest(collection="texts", ids=["t"]))
+        assert [i.text for i in got.items] == ["made elsewhere"]
+        with pytest.raises(grpc.RpcError) as err:
+            b.stubs.index.Get(index_pb2.GetRequest(collection="nowhere", ids=["v2"]))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        a.stop()
+        b.stop()

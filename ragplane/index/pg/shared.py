@@ -56,7 +56,20 @@ class SharedEngine:
     def __getattr__(self, name: str) -> Any:  # reads: get, search, describe, page, ...
         if name.startswith("__") or "replica" not in self.__dict__:
             raise AttributeError(name)
-        return getattr(self.local, name)
+        attr = getattr(self.local, name)
+        if not callable(attr):
+            return attr
+
+        def read(*args: Any, **kwargs: Any) -> Any:
+            """A collection this server has not seen may have been made on another one a
+            moment ago: before saying NOT_FOUND, catch up with the log and look again."""
+            try:
+                return attr(*args, **kwargs)
+            except NotFound:
+                self.replica.catch_up()
+                return getattr(self.local, name)(*args, **kwargs)
+
+        return read
 
     def of_kind(self, kind: Kind) -> SharedEngine:
         return SharedEngine(self.replica, kind)
