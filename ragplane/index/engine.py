@@ -132,6 +132,12 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @contextlib.contextmanager
+    def run_once(self, name: str) -> Iterator[bool]:
+        """Work that must run once among the servers of a store (a sweep): yields whether
+        this one runs it. One embedded store has one server: always."""
+        yield True
+
     # ------------------------------------------------------------------ collections
 
     def create_collection(

@@ -391,11 +391,14 @@ class MemoryService:
         now = self.clock()
         expired = Filter(must=(Condition(f"{RESERVED}.expires_at", FilterOp.LTE, now),))
         removed = 0
-        for info in self._store.list_all_collections():
-            try:
-                removed += self._store.delete(info.tenant, info.name, filter=expired)
-            except NotFound:  # forgotten meanwhile
-                continue
+        with self._store.run_once("memory-sweep") as mine:  # one server of a cluster sweeps
+            if not mine:
+                return 0
+            for info in self._store.list_all_collections():
+                try:
+                    removed += self._store.delete(info.tenant, info.name, filter=expired)
+                except NotFound:  # forgotten meanwhile
+                    continue
         if removed:
             log.info("swept %d expired memories", removed)
         return removed

@@ -394,3 +394,41 @@ def test_a_collection_made_a_moment_ago_elsewhere_is_found_without_a_token(pg, t
     finally:
         a.stop()
         b.stop()
+
+
+def test_lexical_and_hybrid_rankings_equal_the_embedded_stores(pg, tmp_path):
+    """The same items written to an embedded server and to a PostgreSQL-store server: the
+    same ids and scores for lexical and hybrid search (BM25 over the same rows)."""
+    from ragplane.testkit.harness import InProcessServer
+    from ragplane.testkit.texts import corpus
+
+    texts = corpus(300)
+    lite = InProcessServer(tmp_path / "lite", store="sqlite")
+    shared = InProcessServer(tmp_path / "pg", store=pg.create_database("bm25"))
+    try:
+        for s in (lite, shared):
+            s.stubs.index.CreateCollection(index_pb2.CreateCollectionRequest(name="t"))
+            for lo in range(0, len(texts), 100):
+                s.stubs.index.Upsert(
+                    index_pb2.UpsertRequest(
+                        collection="t",
+                        items=[
+                            common_pb2.Item(id=f"d{i}", text=texts[i]) for i in range(lo, lo + 100)
+                        ],
+                    )
+                )
+            s.stubs.index.Delete(
+                index_pb2.DeleteRequest(collection="t", ids=common_pb2.IdList(ids=["d3", "d40"]))
+            )
+        queries = [" ".join(t.split()[2:5]) for t in texts[::37]]
+        for mode in (common_pb2.SEARCH_MODE_LEXICAL, common_pb2.SEARCH_MODE_HYBRID):
+            for q in queries:
+                req = search_pb2.SearchRequest(collection="t", text=q, top_k=10, mode=mode)
+                a = lite.stubs.search.Search(req).hits
+                b = shared.stubs.search.Search(req).hits
+                assert [h.id for h in a] == [h.id for h in b], (mode, q)
+                assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-6)
+                assert len(a) > 0
+    finally:
+        lite.stop()
+        shared.stop()

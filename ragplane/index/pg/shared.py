@@ -77,6 +77,10 @@ class SharedEngine:
     def position(self) -> int:
         return self.replica.applied
 
+    def run_once(self, name: str) -> Any:
+        """Work that must run once in the cluster: PostgreSQL's advisory lock `name`."""
+        return self.replica.store.lease(f"once/{name}")
+
     def close(self) -> None:
         self.replica.close()
 

@@ -1,0 +1,85 @@
+"""The PostgreSQL store's pieces that need no PostgreSQL: the change codec, the URL in
+messages, a commit whose outcome is unknown, and an unreachable server."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+import psycopg
+import pytest
+
+from ragplane.core.errors import Unavailable
+from ragplane.index.pg import codec
+from ragplane.index.pg.log import PgStore, redact
+from ragplane.index.types import Record, Span
+from ragplane.testkit.postgres import free_port
+
+
+def test_records_round_trip_through_the_codec_with_chunks_and_types():
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal((3, 4)).astype(np.float32)
+    recs = [
+        Record(
+            "a", v[0], "plain text", {"n": 1, "f": 2.5, "b": True, "l": [1, "x"], "d": {"k": None}}
+        ),
+        Record("b", None, "chunked text here", {}, [Span(0, 7, v[1]), Span(5, 17, v[2])]),
+    ]
+    items, blob = codec.encode_records(recs)
+    back = codec.decode_records(items, blob, 4)
+    assert [r.id for r in back] == ["a", "b"]
+    assert back[0].metadata == recs[0].metadata and back[0].text == "plain text"
+    np.testing.assert_array_equal(back[0].vector, v[0])
+    assert [(s.start, s.end) for s in back[1].chunks] == [(0, 7), (5, 17)]
+    np.testing.assert_array_equal(back[1].chunks[1].vector, v[2])
+    assert back[1].vector is None
+    assert b"".join(codec.item_vectors(recs)) == blob
+
+
+def test_messages_name_the_server_without_the_password():
+    assert redact("postgresql://alice:s3cret@db.example:6432/rag") == (
+        "postgresql://alice@db.example:6432/rag"
+    )
+    assert "s3cret" not in redact("postgresql://alice:s3cret@db/rag")
+
+
+class _LostAtCommit:
+    """A connection that takes every statement but loses the line at COMMIT."""
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+
+    def execute(self, sql: str, *args: object) -> _LostAtCommit:
+        self.statements.append(sql)
+        if sql == "COMMIT":
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return self
+
+    def fetchone(self) -> tuple[int]:
+        return (7,)
+
+
+def test_a_connection_lost_at_commit_says_the_outcome_is_unknown(monkeypatch):
+    store = PgStore.__new__(PgStore)
+    store.where = "postgresql://u@h:5432/db"
+    conn = _LostAtCommit()
+    monkeypatch.setattr(store, "conn", lambda: contextlib.nullcontext(conn))
+    with pytest.raises(Unavailable) as err:
+        with store.write() as (c, pos):
+            assert pos == 7
+    assert "outcome is unknown" in str(err.value) and "idempotent" in str(err.value)
+    assert err.value.retry_after > 0
+    assert conn.statements[0] == "BEGIN" and conn.statements[-1] == "COMMIT"
+
+
+def test_an_unreachable_postgresql_is_unavailable_within_about_a_second():
+    store = PgStore(f"postgresql://nobody@127.0.0.1:{free_port()}/none")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(Unavailable) as err:
+            store.head()
+        assert time.monotonic() - t0 < 3.0
+        assert "is unreachable" in str(err.value) and "retry" in str(err.value)
+    finally:
+        store.close()
