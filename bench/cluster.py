@@ -228,6 +228,7 @@ def catch_up(root: Path, pg: LocalPostgres, missed: int = 100_000) -> dict:
 
 def measure() -> dict:
     root = Path(tempfile.mkdtemp(prefix="ragplane-bench-cluster-"))
+    root.chmod(0o755)  # PostgreSQL runs as its own user (we may be root): it must get in
     res: dict = {}
     with LocalPostgres(root / "pg", durable=True) as pg:
         lite = Node(root, "lite", None)

@@ -57,13 +57,24 @@ class LocalPostgres:
         cmd = list(args)
         if self._as_root:
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
-        return subprocess.run(cmd, check=check, capture_output=True, text=True, cwd="/")
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd="/")
+        if check and done.returncode != 0:
+            raise RuntimeError(
+                f"{Path(args[0]).name} failed (exit {done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()[-800:]}"
+            )
+        return done
 
     def start(self) -> LocalPostgres:
         self.root.mkdir(parents=True, exist_ok=True)
         if self._as_root:
             shutil.chown(self.root, "postgres", "postgres")
             os.chmod(self.root, 0o755)
+            if self._run("test", "-x", str(self.root), check=False).returncode != 0:
+                raise RuntimeError(
+                    f"the postgres user cannot reach {self.root}: a folder above it is "
+                    "private (mode 700?); put the PostgreSQL folder where others may enter"
+                )
         if not (self.data / "PG_VERSION").exists():
             self._run(find_bin("initdb"), "-D", str(self.data), "-U", "postgres",
                       "--auth=trust", "-E", "UTF8", "--no-instructions")

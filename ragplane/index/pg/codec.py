@@ -50,7 +50,22 @@ def encode_records(records: Sequence[Record]) -> tuple[list[dict[str, Any]], byt
 
 def item_vectors(records: Sequence[Record]) -> list[bytes]:
     """Each record's own blob (its vector, or its chunks' vectors in order)."""
-    return [encode_records([r])[1] for r in records]
+    return [
+        b"".join(np.asarray(sp.vector, dtype="<f4").tobytes() for sp in r.chunks)
+        if r.chunks else np.asarray(r.vector, dtype="<f4").tobytes()
+        for r in records
+    ]
+
+
+def encode_items(records: Sequence[Record]) -> list[dict[str, Any]]:
+    """Items as JSON (id, text, metadata, chunk offsets), without their vectors."""
+    out = []
+    for r in records:
+        item: dict[str, Any] = {"id": r.id, "text": r.text, "metadata": dict(r.metadata)}
+        if r.chunks:
+            item["chunks"] = [[s.start, s.end] for s in r.chunks]
+        out.append(item)
+    return out
 
 
 def decode_records(items: list[dict[str, Any]], blob: bytes, dim: int) -> list[Record]:

@@ -105,9 +105,10 @@ class PgStore:
         """A write transaction at the next position: yields (connection, position); the
         caller changes the state tables and calls `append`. Commits on exit."""
         with self.conn() as c:
-            c.execute("BEGIN")
             try:
-                (pos,) = c.execute("UPDATE rp_head SET pos = pos + 1 RETURNING pos").fetchone()
+                cur = c.execute("BEGIN; UPDATE rp_head SET pos = pos + 1 RETURNING pos")
+                cur.nextset()  # one round trip for both; the position is the second result
+                (pos,) = cur.fetchone()
                 yield c, int(pos)
             except BaseException:
                 with contextlib.suppress(psycopg.Error):
@@ -125,10 +126,10 @@ class PgStore:
     @staticmethod
     def append(c: psycopg.Connection, pos: int, op: dict[str, Any], vectors: bytes = b"") -> None:
         c.execute(
-            "INSERT INTO rp_changes (pos, op, vectors, at) VALUES (%s, %s, %s, clock_timestamp())",
-            (pos, Jsonb(op), vectors or None),
+            "WITH n AS (SELECT pg_notify(%s, %s)) INSERT INTO rp_changes (pos, op, vectors, at) "
+            "SELECT %s, %s, %s, clock_timestamp() FROM n",
+            (CHANNEL, str(pos), pos, Jsonb(op), vectors or None),
         )
-        c.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(pos)))
 
     # ------------------------------------------------------------------ reads
 
@@ -189,6 +190,19 @@ class PgStore:
                 if got:
                     with contextlib.suppress(psycopg.Error):
                         c.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (name,))
+
+    def items(self, tenant: str, kind: str, coll: str, ids: list[str], dim: int) -> list:
+        """The current version of these items (those still there), as Records."""
+        from ragplane.index.pg.codec import decode_records
+
+        with self.conn() as c:
+            rows = c.execute(
+                "SELECT body, vectors FROM rp_items WHERE tenant = %s AND kind = %s AND "
+                "coll = %s AND id = ANY(%s)",
+                (tenant, kind, coll, ids),
+                binary=True,
+            ).fetchall()
+        return decode_records([b for b, _ in rows], b"".join(bytes(v) for _, v in rows), dim)
 
     @staticmethod
     def put_embeddings(c: psycopg.Connection, embedder: str, vectors: dict[str, bytes]) -> None:

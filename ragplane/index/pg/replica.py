@@ -341,7 +341,9 @@ def apply_op(engine: Engine, op: dict[str, Any], vectors: bytes, store: PgStore)
         if kind == "drop":
             view.delete_collection(tenant, name)
         elif kind == "upsert":
-            view.upsert(tenant, name, codec.decode_records(op["items"], vectors, int(op["dim"])))
+            records = store.items(tenant, op["kind"], name, op["ids"], int(op["dim"]))
+            if records:  # none: all deleted (or the collection dropped) since
+                view.upsert(tenant, name, records)
         elif kind == "delete":
             view.delete(tenant, name, ids=op["ids"])
         elif kind == "embedder":

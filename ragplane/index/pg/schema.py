@@ -61,6 +61,9 @@ CREATE TABLE rp_items (
     PRIMARY KEY (tenant, kind, coll, id)
 );
 CREATE INDEX rp_items_pos ON rp_items (tenant, kind, coll, pos);
+-- float32 vectors do not compress: store them as they are
+ALTER TABLE rp_items ALTER COLUMN vectors SET STORAGE EXTERNAL;
+ALTER TABLE rp_changes ALTER COLUMN vectors SET STORAGE EXTERNAL;
 CREATE TABLE rp_embeddings (
     embedder   text NOT NULL,
     sha        bytea NOT NULL,

@@ -7,6 +7,7 @@ commit meanwhile, so the check is exact), written to PostgreSQL with its change,
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,9 +32,15 @@ from ragplane.index.types import (
 )
 from ragplane.index.validate import check_ids, record_row_groups, record_vectors
 
-_UPSERT_ITEM = (
+# One statement per upsert (arrays unnested server-side): executemany's row-at-a-time
+# statements cost more than the local SQLite write they stand beside.
+log = logging.getLogger(__name__)
+
+_UPSERT_ITEMS = (
     "INSERT INTO rp_items (tenant, kind, coll, id, pos, body, vectors) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (tenant, kind, coll, id) DO UPDATE "
+    "SELECT %s, %s, %s, b->>'id', %s, b, v FROM unnest("
+    "ARRAY(SELECT jsonb_array_elements(%s::jsonb)), %b::bytea[]) AS t(b, v) "
+    "ON CONFLICT (tenant, kind, coll, id) DO UPDATE "
     "SET pos = EXCLUDED.pos, body = EXCLUDED.body, vectors = EXCLUDED.vectors"
 )
 
@@ -108,7 +115,8 @@ class SharedEngine:
             staged = False
             try:
                 with rep.store.write() as (c, pos):
-                    rep.catch_up(pos - 1)
+                    if rep.applied != pos - 1:  # another server wrote since: apply it first
+                        rep.catch_up(pos - 1)
                     blob = stage(c, pos) or b""
                     staged = True
                     rep.store.append(c, pos, op, blob)
@@ -119,7 +127,11 @@ class SharedEngine:
                     rep.broken = f"{op['op']} of {op.get('name')!r} may not have committed: {exc}"
                 raise
             if own is not None:
-                own()
+                try:
+                    own()
+                except Exception as exc:  # committed, so acknowledged; this cache reloads
+                    rep.broken = f"{op['op']} at position {pos} was not applied here: {exc}"
+                    log.exception("applying position %d here failed", pos)
                 rep.advance(pos)
             else:
                 rep.apply(Change(pos, op, blob))
@@ -195,20 +207,19 @@ class SharedEngine:
         records = list(records)
         op: dict[str, Any] = {"op": "upsert", "tenant": tenant, "name": name}
 
-        def stage(c: Any, pos: int) -> bytes:
+        def stage(c: Any, pos: int) -> None:
             info = self.local.describe(tenant, name)
             _, vec_records = record_row_groups(records, info.chunking.enabled)
             record_vectors(vec_records, info.dim, info.metric, name)
-            items, blob = codec.encode_records(records)
-            op.update(dim=info.dim, items=items)
-            with c.cursor() as cur:
-                cur.executemany(_UPSERT_ITEM, [
-                    (tenant, self.kind.value, name, item["id"], pos, Jsonb(item), vec)
-                    for item, vec in zip(items, codec.item_vectors(records), strict=True)
-                ])
-            return blob
+            items = codec.encode_items(records)
+            op.update(dim=info.dim, ids=[item["id"] for item in items])
+            c.execute(_UPSERT_ITEMS, (
+                tenant, self.kind.value, name, pos, Jsonb(items), codec.item_vectors(records),
+            ))
 
-        self._write(op, stage)
+        # The change names the ids; the items themselves are written once, to rp_items,
+        # where the other servers read them (the newest version: applying converges).
+        self._write(op, stage, own=lambda: self.local.upsert(tenant, name, records))
         return len(records)
 
     def delete(

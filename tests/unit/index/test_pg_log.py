@@ -56,6 +56,9 @@ class _LostAtCommit:
             raise psycopg.OperationalError("server closed the connection unexpectedly")
         return self
 
+    def nextset(self) -> bool:
+        return True
+
     def fetchone(self) -> tuple[int]:
         return (7,)
 
@@ -70,7 +73,7 @@ def test_a_connection_lost_at_commit_says_the_outcome_is_unknown(monkeypatch):
             assert pos == 7
     assert "outcome is unknown" in str(err.value) and "idempotent" in str(err.value)
     assert err.value.retry_after > 0
-    assert conn.statements[0] == "BEGIN" and conn.statements[-1] == "COMMIT"
+    assert conn.statements[0].startswith("BEGIN") and conn.statements[-1] == "COMMIT"
 
 
 def test_an_unreachable_postgresql_is_unavailable_within_about_a_second():
