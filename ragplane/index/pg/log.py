@@ -191,15 +191,16 @@ class PgStore:
                     with contextlib.suppress(psycopg.Error):
                         c.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (name,))
 
-    def items(self, tenant: str, kind: str, coll: str, ids: list[str], dim: int) -> list:
-        """The current version of these items (those still there), as Records."""
+    def items(self, tenant: str, kind: str, coll: str, pos: int, dim: int) -> list:
+        """The items the change at `pos` wrote that no later change replaced or deleted, as
+        Records (a later change brings the newer versions itself: applying converges)."""
         from ragplane.index.pg.codec import decode_records
 
         with self.conn() as c:
             rows = c.execute(
                 "SELECT body, vectors FROM rp_items WHERE tenant = %s AND kind = %s AND "
-                "coll = %s AND id = ANY(%s)",
-                (tenant, kind, coll, ids),
+                "coll = %s AND pos = %s",
+                (tenant, kind, coll, pos),
                 binary=True,
             ).fetchall()
         return decode_records([b for b, _ in rows], b"".join(bytes(v) for _, v in rows), dim)

@@ -192,7 +192,7 @@ class Replica:
     def apply(self, ch: Change) -> None:
         """Apply one change to the local engine (called with `lock` held)."""
         try:
-            apply_op(self.engine, ch.op, ch.vectors, self.store)
+            apply_op(self.engine, ch.op, ch.vectors, self.store, ch.pos)
         except RagplaneError as exc:
             # a change the writer validated cannot fail here unless the cache is broken
             self.broken = f"change {ch.pos} could not be applied: {exc}"
@@ -329,7 +329,9 @@ def _create(engine: Engine, op: dict[str, Any]) -> None:
         )
 
 
-def apply_op(engine: Engine, op: dict[str, Any], vectors: bytes, store: PgStore) -> None:
+def apply_op(
+    engine: Engine, op: dict[str, Any], vectors: bytes, store: PgStore, pos: int = 0
+) -> None:
     """One logged operation on the local engine, idempotently."""
     kind = op["op"]
     if kind == "create":
@@ -341,7 +343,7 @@ def apply_op(engine: Engine, op: dict[str, Any], vectors: bytes, store: PgStore)
         if kind == "drop":
             view.delete_collection(tenant, name)
         elif kind == "upsert":
-            records = store.items(tenant, op["kind"], name, op["ids"], int(op["dim"]))
+            records = store.items(tenant, op["kind"], name, pos, int(op["dim"]))
             if records:  # none: all deleted (or the collection dropped) since
                 view.upsert(tenant, name, records)
         elif kind == "delete":

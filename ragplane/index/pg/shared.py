@@ -212,13 +212,13 @@ class SharedEngine:
             _, vec_records = record_row_groups(records, info.chunking.enabled)
             record_vectors(vec_records, info.dim, info.metric, name)
             items = codec.encode_items(records)
-            op.update(dim=info.dim, ids=[item["id"] for item in items])
+            op.update(dim=info.dim, count=len(items))
             c.execute(_UPSERT_ITEMS, (
                 tenant, self.kind.value, name, pos, Jsonb(items), codec.item_vectors(records),
             ))
 
-        # The change names the ids; the items themselves are written once, to rp_items,
-        # where the other servers read them (the newest version: applying converges).
+        # The items are written once, to rp_items with this change's position, where the
+        # other servers read them (what a later change replaced, it brings itself).
         self._write(op, stage, own=lambda: self.local.upsert(tenant, name, records))
         return len(records)
 
