@@ -22,14 +22,18 @@ evidence keeps its old `evidence` table, which nothing reads any more.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import threading
 import time
-from collections import defaultdict
-from collections.abc import Sequence
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ragplane.core.errors import RagplaneError
 from ragplane.core.statedb import Execute, SqliteStateDb, StateDb
 from ragplane.server.shadow.classes import NAMES
 from ragplane.server.shadow.timing import Timing
@@ -71,6 +75,7 @@ _PG_TABLES = {  # ragplane.index.pg.schema, version 2
     "history": "rp_shadow_history", "seq": "seq",
 }  # fmt: skip
 _COLS = "use_case, release, canonical, hardware, phase"
+log = logging.getLogger(__name__)
 MAX_LOW = 5_000
 MAX_TIMINGS = 10_000  # per key and class: the estimator reads the latest this many
 PHASES = ("shadow", "watch")
@@ -121,6 +126,8 @@ class EvidenceStore:
             assert path is not None, "EvidenceStore needs a path or a db"
             db = SqliteStateDb(path, _SQLITE_TABLES, _SCHEMA)
         self._db = db
+        self._pending: Counter[tuple[EvidenceKey, str]] = Counter()  # drops not yet written
+        self._pending_lock = threading.Lock()
 
     @classmethod
     def in_postgres(cls, store: Any) -> EvidenceStore:
@@ -135,13 +142,38 @@ class EvidenceStore:
         """Other servers record and flip in the same tables."""
         return self._db.shared
 
-    def _writing(self):
+    @contextmanager
+    def _writing(self) -> Iterator[Execute]:
         """One write transaction; a full or read-only data directory raises StorageFull /
         StorageReadOnly, an unreachable PostgreSQL Unavailable (the shadow worker counts
-        the sample as dropped and goes on)."""
-        return self._db.write()
+        the sample as dropped and goes on). Drops counted since the last write go first."""
+        self.flush()
+        with self._db.write() as execute:
+            yield execute
+
+    def flush(self) -> None:
+        """Write the drops counted in memory (a shared store's, see `record_drop`); on
+        failure they stay counted, for the next try."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, Counter()
+        if not pending:
+            return
+        try:
+            # rows in one order on every server: two flushes never wait on each other
+            order = sorted(pending, key=lambda kc: (*kc[0].row(), kc[1]))
+            with self._db.write() as execute:
+                for key, cls in order:
+                    self._add_drops(execute, key, cls, pending[(key, cls)])
+        except BaseException:
+            with self._pending_lock:
+                self._pending.update(pending)
+            raise
 
     def close(self) -> None:
+        try:
+            self.flush()
+        except RagplaneError as exc:
+            log.warning("%d dropped samples were not counted: %s", sum(self._pending.values()), exc)
         self._db.close()
 
     @staticmethod
@@ -189,13 +221,23 @@ class EvidenceStore:
             )
 
     def record_drop(self, key: EvidenceKey, cls: str) -> None:
+        """One sample of `cls` dropped (the queue was full: called on the request path).
+        A shared store counts it in memory, written with the next write or read here:
+        a request must not wait on PostgreSQL for the shadow's sake."""
+        if self._db.shared:
+            with self._pending_lock:
+                self._pending[(key, cls)] += 1
+            return
         with self._writing() as execute:
-            self._ensure(execute, key, cls)
-            execute(
-                "UPDATE {evidence} SET dropped = dropped + 1, updated_at = ? "
-                f"WHERE {self._WHERE} AND class = ?",
-                (time.time(), *key.row(), cls),
-            )
+            self._add_drops(execute, key, cls, 1)
+
+    def _add_drops(self, execute: Execute, key: EvidenceKey, cls: str, n: int) -> None:
+        self._ensure(execute, key, cls)
+        execute(
+            "UPDATE {evidence} SET dropped = dropped + ?, updated_at = ? "
+            f"WHERE {self._WHERE} AND class = ?",
+            (n, time.time(), *key.row(), cls),
+        )
 
     def record_timing(
         self, key: EvidenceKey, cls: str, t1: float, t2: float, t3: float, shadow_first: bool
@@ -244,6 +286,7 @@ class EvidenceStore:
 
     def stored(self, use_case: str, phase: str = "shadow") -> list[StoredRelease]:
         """Every (release, canonical, hardware) of `use_case` in `phase`, oldest first."""
+        self.flush()
         where = (use_case, phase)
         rows = self._db.read(
             "SELECT release, canonical, hardware, class, batches, samples, cos_min, cos_sum, "

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from ragplane.core.errors import Unavailable
 from ragplane.index.pg.log import PgStore
 from ragplane.server.embedding.fake import FakeEmbedder
 from ragplane.server.shadow import manager as manager_module
@@ -110,6 +111,27 @@ def test_servers_recording_at_once_lose_no_sample(pools):
     row = rel.classes["short"]
     assert row.batches == n * per and row.samples == n * per * len(batch)
     assert len(row.low) == n * per * len(batch)  # every cosine merged, none overwritten
+
+
+def test_a_drop_on_the_request_path_does_not_wait_on_postgres(pg_store, monkeypatch):
+    """Drops are counted in memory and written with the next write or read; a write that
+    fails keeps them counted."""
+    s = EvidenceStore.in_postgres(pg_store)
+    real = s._db.write
+
+    def unreachable():
+        raise Unavailable("PostgreSQL is unreachable (a test)")
+
+    monkeypatch.setattr(s._db, "write", unreachable)
+    for _ in range(3):
+        s.record_drop(KEY, "short")  # no PostgreSQL call: nothing raised
+    with pytest.raises(Unavailable):
+        s.record_agreement(KEY, "short", [0.9])
+    monkeypatch.setattr(s._db, "write", real)
+    s.record_drop(KEY, "medium")
+    (rel,) = s.stored("embeddings")
+    assert {c: r.dropped for c, r in rel.classes.items()} == {"short": 3, "medium": 1}
+    assert rel.classes["short"].samples == 0  # the failed agreement was not recorded
 
 
 def race(stores: list[EvidenceStore], serving: str, expect: str, action: str) -> list[bool]:
