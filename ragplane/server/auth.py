@@ -17,6 +17,7 @@ import contextvars
 import hashlib
 import hmac
 import secrets
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -153,6 +154,11 @@ class KeyStore:
         return self._cache
 
     @property
+    def shared(self) -> bool:
+        """The keys are a cluster's, in PostgreSQL (no keys.db to copy or restore)."""
+        return self._db.shared
+
+    @property
     def enabled(self) -> bool:
         return bool(self._cache)
 
@@ -209,6 +215,20 @@ class KeyStore:
         if found == 0:
             raise NotFound(f"no key with id {key_id!r}; `ragplane admin keys list` shows them")
         return True
+
+    def export(self, target: Path) -> None:
+        """Every key, revoked ones too, hashed as stored, into a new keys.db at `target`:
+        a PostgreSQL store's keys in a snapshot, which is an embedded store."""
+        rows = self._db.read(
+            "SELECT key_id, tenant, scopes, hash, description, created_at, revoked FROM {keys}"
+        )
+        out = sqlite3.connect(str(target))
+        try:
+            out.execute(_SCHEMA)
+            out.executemany("INSERT INTO keys VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            out.commit()
+        finally:
+            out.close()
 
     def _lookup(self, secret: str) -> Principal | None:
         entry = self._keys().get(_key_id(secret))

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from ragplane.server import auth
+from ragplane.server.admin import AdminOps
 from ragplane.server.embedding.fake import FakeEmbedder
 from ragplane.server.shadow import manager as shadow_manager
 from ragplane.testkit import postgres
@@ -114,9 +115,21 @@ def test_a_key_made_on_one_server_works_on_the_other_and_its_revocation_too(tmp_
         keys = b.stubs.admin.ListKeys(admin_pb2.ListKeysRequest(), metadata=md(ADMIN)).keys
         assert {k.key_id: k.revoked for k in keys}[made.key.key_id]
         assert not (tmp_path / "a" / "keys.db").exists()  # nothing of it on a server's disk
+        b.stubs.admin.Snapshot(
+            admin_pb2.SnapshotRequest(dir=str(tmp_path / "snap")), metadata=md(ADMIN)
+        )
     finally:
         a.stop()
         b.stop()
+    # a snapshot is an embedded store: with the cluster's keys, revocations included
+    AdminOps.restore(tmp_path / "snap", tmp_path / "restored")
+    alone = InProcessServer(tmp_path / "restored", store="sqlite")
+    try:
+        assert answers(alone) == grpc.StatusCode.UNAUTHENTICATED
+        keys = alone.stubs.admin.ListKeys(admin_pb2.ListKeysRequest(), metadata=md(ADMIN)).keys
+        assert {k.key_id: k.revoked for k in keys}[made.key.key_id]
+    finally:
+        alone.stop()
 
 
 def test_a_flip_through_one_server_is_served_by_the_other(tmp_path, pg):
