@@ -136,6 +136,7 @@ CREATE TABLE rp_shadow_state (
     updated_at double precision NOT NULL
 );
 CREATE TABLE rp_shadow_history (
+    seq        bigserial PRIMARY KEY,  -- commit order (under the state row's lock)
     use_case   text NOT NULL,
     at         double precision NOT NULL,
     action     text NOT NULL,
@@ -143,7 +144,7 @@ CREATE TABLE rp_shadow_history (
     forced     integer NOT NULL,
     reason     text NOT NULL
 );
-CREATE INDEX rp_shadow_history_case ON rp_shadow_history (use_case, at);
+CREATE INDEX rp_shadow_history_case ON rp_shadow_history (use_case, seq);
 """
 
 # version -> the statements that bring the schema from version-1 to it

@@ -336,7 +336,7 @@ class EvidenceStore:
         forced): one read, for a server that follows flips made by others."""
         serving = self.serving(case)
         last = self._db.read(
-            "SELECT action, forced FROM {history} WHERE use_case = ? ORDER BY at DESC LIMIT 1",
+            "SELECT action, forced FROM {history} WHERE use_case = ? ORDER BY {seq} DESC LIMIT 1",
             (case,),
         )
         return serving, bool(last) and last[0][0] == "flip" and bool(last[0][1])
@@ -391,7 +391,7 @@ class EvidenceStore:
     def history(self, case: str) -> list[FlipEvent]:
         rows = self._db.read(
             "SELECT at, action, serving, forced, reason FROM {history} WHERE use_case = ? "
-            "ORDER BY at",
+            "ORDER BY {seq}",  # the order of the commits: servers' clocks may disagree
             (case,),
         )
         return [

@@ -14,6 +14,7 @@ import pytest
 from ragplane.core.errors import Unavailable
 from ragplane.index.pg.log import PgStore
 from ragplane.server.embedding.fake import FakeEmbedder
+from ragplane.server.shadow import evidence
 from ragplane.server.shadow import manager as manager_module
 from ragplane.server.shadow.config import PairConfig
 from ragplane.server.shadow.evidence import EvidenceKey, EvidenceStore
@@ -165,6 +166,16 @@ def test_of_servers_flipping_at_once_exactly_one_wins(pools):
         assert stores[1].serving("embeddings") == serving
     assert [e.action for e in stores[0].history("embeddings")] == ["flip", "unflip"]
     assert stores[0].stored("embeddings", "watch") == []  # the winning flip cleared it
+
+
+def test_the_history_is_in_commit_order_whatever_the_servers_clocks_say(pools, monkeypatch):
+    a, b = (EvidenceStore.in_postgres(p) for p in pools)
+    monkeypatch.setattr(evidence.time, "time", lambda: 2000.0)  # A's clock is ahead
+    assert a.set_serving("embeddings", "s@2", "flip", True, "forced", expect="c@1")
+    monkeypatch.setattr(evidence.time, "time", lambda: 1000.0)
+    assert b.set_serving("embeddings", "c@1", "unflip", False, "admin unflip", expect="s@2")
+    assert [e.action for e in a.history("embeddings")] == ["flip", "unflip"]
+    assert a.state("embeddings") == ("c@1", False)  # the unflip is the last word
 
 
 def managers(pools, policy: str = "manual"):
