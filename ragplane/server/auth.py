@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -35,6 +35,9 @@ from ragplane.core.errors import (
 )
 from ragplane.core.poller import Poller
 from ragplane.core.statedb import SqliteStateDb, StateDb
+
+if TYPE_CHECKING:  # psycopg is imported only with a PostgreSQL store
+    from ragplane.index.pg.log import PgStore
 
 RETRY_AFTER_S = 1.0
 
@@ -122,7 +125,7 @@ class KeyStore:
         self._follower = Poller("API keys", FOLLOW_S, self._reload) if db.shared else None
 
     @classmethod
-    def in_postgres(cls, store: Any) -> KeyStore:
+    def in_postgres(cls, store: PgStore) -> KeyStore:
         """The keys of a PostgreSQL store (a `ragplane.index.pg.log.PgStore`, whose pool
         this uses)."""
         from ragplane.index.pg.state import PgStateDb

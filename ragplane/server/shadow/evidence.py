@@ -31,13 +31,16 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ragplane.core.errors import RagplaneError
 from ragplane.core.statedb import Execute, SqliteStateDb, StateDb
 from ragplane.server.shadow.classes import NAMES
 from ragplane.server.shadow.timing import Timing
 from ragplane.server.shadow.types import FlipEvent
+
+if TYPE_CHECKING:  # psycopg is imported only with a PostgreSQL store
+    from ragplane.index.pg.log import PgStore
 
 _KEY = (
     "use_case TEXT NOT NULL, release TEXT NOT NULL, canonical TEXT NOT NULL, "
@@ -130,7 +133,7 @@ class EvidenceStore:
         self._pending_lock = threading.Lock()
 
     @classmethod
-    def in_postgres(cls, store: Any) -> EvidenceStore:
+    def in_postgres(cls, store: PgStore) -> EvidenceStore:
         """The evidence of a PostgreSQL store (a `ragplane.index.pg.log.PgStore`, whose
         pool this uses)."""
         from ragplane.index.pg.state import PgStateDb
