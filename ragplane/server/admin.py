@@ -117,6 +117,9 @@ class AdminOps:
     def _snapshot_keys(self, dest: Path) -> int:
         """The API keys into a snapshot: part of it, so a failure removes the whole."""
         target = dest / "keys.db"
+        if self.keys.shared:  # a PostgreSQL store's: the snapshot is an embedded store
+            self.keys.export(target)
+            return target.stat().st_size
         src = sqlite3.connect(str(self.data_dir / "keys.db"))
         dst = sqlite3.connect(str(target))
         try:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -140,7 +141,9 @@ def _assemble(
         search_max_batch=settings.search_max_batch,
         max_item_text_bytes=settings.max_item_text_bytes,
     )
-    keys = KeyStore(data_dir / "keys.db")
+    # a PostgreSQL store keeps the keys and the shadow's state too, over the engine's pool
+    pg = getattr(getattr(engine, "replica", None), "store", None)
+    keys = KeyStore.in_postgres(pg) if pg else KeyStore(data_dir / "keys.db")
     stack.callback(keys.close)
     if bootstrap := settings.bootstrap_admin_key.get_secret_value():
         keys.ensure(bootstrap, DEFAULT_TENANT, SCOPES, "bootstrap admin key")
@@ -169,6 +172,7 @@ def _assemble(
         data_dir,
         busy=lambda: embedding.queued_texts > 0,
         history=history_beside(koder_toml),
+        pg=pg,
     )
     if shadow is not None:
         for case in shadow.cases.values():
@@ -235,6 +239,7 @@ def _build_shadow(
     data_dir: Path,
     busy: Callable[[], bool] = lambda: False,
     history: ReleaseHistory | None = None,
+    pg: Any = None,  # a PostgreSQL store's PgStore: the evidence and flips live there
 ) -> ShadowManager | None:
     """One manager for every declared pair. A pair whose shadow cannot run is logged at
     WARNING here, once, and kept as `unavailable` so ShadowStatus says why."""
@@ -263,7 +268,7 @@ def _build_shadow(
         log.warning("shadow of %s is off: %s", case, unavailable[case])
     if not shadows and not unavailable:
         return None
-    store = EvidenceStore(data_dir / "shadow.db")
+    store = EvidenceStore.in_postgres(pg) if pg else EvidenceStore(data_dir / "shadow.db")
     return ShadowManager(
         pairs,
         canonical,

@@ -5,6 +5,10 @@ secret is `rpk_<key_id>_<random>`; only sha256(secret) is stored (keys are 190-b
 so a fast hash is enough, as for GitHub tokens). With no keys at all, authentication is off
 and the server may only bind loopback: every call then acts as tenant "default" with
 every scope.
+
+With a PostgreSQL store the keys are the cluster's (table rp_keys): each server re-reads
+them every FOLLOW_S and judges no call on a read older than MAX_STALE_S (UNAVAILABLE with
+retry-after instead: it could not know of a revocation made elsewhere).
 """
 
 from __future__ import annotations
@@ -13,16 +17,29 @@ import contextvars
 import hashlib
 import hmac
 import secrets
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
-from ragplane.core.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
-from ragplane.core.sqlite import connect
-from ragplane.core.storage import storage_errors
+from ragplane.core.errors import (
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+)
+from ragplane.core.poller import Poller
+from ragplane.core.statedb import SqliteStateDb, StateDb
+
+if TYPE_CHECKING:  # psycopg is imported only with a PostgreSQL store
+    from ragplane.index.pg.log import PgStore
+
+RETRY_AFTER_S = 1.0
 
 SCOPES = ("read", "write", "admin")
 DEFAULT_TENANT = "default"
@@ -77,30 +94,72 @@ def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-class KeyStore:
-    """Keys in their own SQLite file (data_dir/keys.db), so auth never contends with data."""
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS keys (key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, "
+    "scopes TEXT NOT NULL, hash TEXT NOT NULL, description TEXT NOT NULL, "
+    "created_at REAL NOT NULL, revoked INTEGER NOT NULL DEFAULT 0)"
+)
+_SQLITE_TABLES = {"keys": "keys"}
+_PG_TABLES = {"keys": "rp_keys"}  # ragplane.index.pg.schema, version 2
+# With a shared store, keys made or revoked on another server: this server re-reads them
+# every FOLLOW_S, and refuses to judge a key (UNAVAILABLE) on a read older than MAX_STALE_S,
+# so a key revoked anywhere is refused everywhere within MAX_STALE_S.
+FOLLOW_S = 0.5
+MAX_STALE_S = 2.0
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = connect(path)
-        self._dir = path.parent  # named by StorageFull / StorageReadOnly on a write
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS keys (key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, "
-            "scopes TEXT NOT NULL, hash TEXT NOT NULL, description TEXT NOT NULL, "
-            "created_at REAL NOT NULL, revoked INTEGER NOT NULL DEFAULT 0)"
-        )
-        self._lock = threading.Lock()
+
+class KeyStore:
+    """Keys in their own SQLite file (data_dir/keys.db), so auth never contends with data;
+    or, with a PostgreSQL store (`in_postgres`), in its rp_keys table, the same keys on
+    every server of the cluster."""
+
+    def __init__(self, path: Path | None = None, *, db: StateDb | None = None) -> None:
+        if db is None:
+            assert path is not None, "KeyStore needs a path or a db"
+            db = SqliteStateDb(path, _SQLITE_TABLES, _SCHEMA)
+        self._db = db
+        self._lock = threading.Lock()  # one reload at a time: an older read never wins
         self._cache: dict[str, tuple[str, Principal]] = {}
+        self._read_at = 0.0  # monotonic time the cached read began
         self._reload()
+        self._follower = Poller("API keys", FOLLOW_S, self._reload) if db.shared else None
+
+    @classmethod
+    def in_postgres(cls, store: PgStore) -> KeyStore:
+        """The keys of a PostgreSQL store (a `ragplane.index.pg.log.PgStore`, whose pool
+        this uses)."""
+        from ragplane.index.pg.state import PgStateDb
+
+        return cls(db=PgStateDb(store, _PG_TABLES))
 
     def _reload(self) -> None:
-        rows = self._db.execute(
-            "SELECT key_id, tenant, scopes, hash FROM keys WHERE revoked = 0"
-        ).fetchall()
-        self._cache = {
-            kid: (h, Principal(tenant, frozenset(scopes.split(",")), kid))
-            for kid, tenant, scopes, h in rows
-        }
+        with self._lock:
+            began = time.monotonic()
+            rows = self._db.read(
+                "SELECT key_id, tenant, scopes, hash FROM {keys} WHERE revoked = 0"
+            )
+            self._cache = {
+                kid: (h, Principal(tenant, frozenset(scopes.split(",")), kid))
+                for kid, tenant, scopes, h in rows
+            }
+            self._read_at = began
+
+    def _keys(self) -> dict[str, tuple[str, Principal]]:
+        """The keys to judge a call by: with a shared store, only a recent read of them."""
+        if self._db.shared:
+            age = time.monotonic() - self._read_at
+            if age > MAX_STALE_S:
+                raise Unavailable(
+                    f"API keys cannot be checked: their last read is {age:.1f} s old "
+                    f"({self._follower and self._follower.error or 'the store is slow'})",
+                    RETRY_AFTER_S,
+                )
+        return self._cache
+
+    @property
+    def shared(self) -> bool:
+        """The keys are a cluster's, in PostgreSQL (no keys.db to copy or restore)."""
+        return self._db.shared
 
     @property
     def enabled(self) -> bool:
@@ -126,19 +185,17 @@ class KeyStore:
         key_id = secrets.token_hex(6) if secret is None else _key_id(secret)
         secret = secret or f"rpk_{key_id}_{secrets.token_urlsafe(24)}"
         info = KeyInfo(key_id, tenant, tuple(sorted(set(scopes))), description, time.time(), False)
-        with self._lock, storage_errors(self._dir):
-            self._db.execute(
-                "INSERT OR REPLACE INTO keys VALUES (?, ?, ?, ?, ?, ?, 0)",
-                (
-                    key_id,
-                    tenant,
-                    ",".join(info.scopes),
-                    _hash(secret),
-                    description,
-                    info.created_at,
-                ),
-            )
-            self._reload()
+        with self._db.write() as execute:
+            execute(
+                "INSERT INTO {keys} (key_id, tenant, scopes, hash, description, created_at, "
+                "revoked) VALUES (?, ?, ?, ?, ?, ?, 0) ON CONFLICT (key_id) DO UPDATE SET "
+                "tenant = excluded.tenant, scopes = excluded.scopes, hash = excluded.hash, "
+                "description = excluded.description, created_at = excluded.created_at, "
+                "revoked = 0",
+                (key_id, tenant, ",".join(info.scopes), _hash(secret), description,
+                 info.created_at),
+            )  # fmt: skip
+        self._reload()
         return info, secret
 
     def ensure(self, secret: str, tenant: str, scopes: tuple[str, ...], description: str) -> None:
@@ -147,22 +204,37 @@ class KeyStore:
             self.create(tenant, scopes, description, secret=secret)
 
     def list(self) -> list[KeyInfo]:
-        rows = self._db.execute(
-            "SELECT key_id, tenant, scopes, description, created_at, revoked FROM keys "
+        rows = self._db.read(
+            "SELECT key_id, tenant, scopes, description, created_at, revoked FROM {keys} "
             "ORDER BY created_at"
-        ).fetchall()
+        )
         return [KeyInfo(k, t, tuple(s.split(",")), d, c, bool(r)) for k, t, s, d, c, r in rows]
 
     def revoke(self, key_id: str) -> bool:
-        with self._lock, storage_errors(self._dir):
-            cur = self._db.execute("UPDATE keys SET revoked = 1 WHERE key_id = ?", (key_id,))
-            self._reload()
-        if cur.rowcount == 0:
+        with self._db.write() as execute:
+            cur = execute("UPDATE {keys} SET revoked = 1 WHERE key_id = ?", (key_id,))
+            found = cur.rowcount
+        self._reload()
+        if found == 0:
             raise NotFound(f"no key with id {key_id!r}; `ragplane admin keys list` shows them")
         return True
 
+    def export(self, target: Path) -> None:
+        """Every key, revoked ones too, hashed as stored, into a new keys.db at `target`:
+        a PostgreSQL store's keys in a snapshot, which is an embedded store."""
+        rows = self._db.read(
+            "SELECT key_id, tenant, scopes, hash, description, created_at, revoked FROM {keys}"
+        )
+        out = sqlite3.connect(str(target))
+        try:
+            out.execute(_SCHEMA)
+            out.executemany("INSERT INTO keys VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            out.commit()
+        finally:
+            out.close()
+
     def _lookup(self, secret: str) -> Principal | None:
-        entry = self._cache.get(_key_id(secret))
+        entry = self._keys().get(_key_id(secret))
         if entry and hmac.compare_digest(entry[0], _hash(secret)):
             return entry[1]
         return None
@@ -179,7 +251,7 @@ class KeyStore:
         """The principal of an `authorization` value, for a call of the RPC `method` (the
         HTTP API names the RPC whose scope it needs); sets `current` or raises
         Unauthenticated (no, malformed or unknown key) or PermissionDenied (scope)."""
-        if not self.enabled:
+        if not self._keys():
             current.set(ANONYMOUS)
             return ANONYMOUS
         if not header:
@@ -200,6 +272,8 @@ class KeyStore:
         return principal
 
     def close(self) -> None:
+        if self._follower is not None:
+            self._follower.close()
         self._db.close()
 
 

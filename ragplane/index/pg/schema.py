@@ -14,6 +14,17 @@ Tables (all prefixed `rp_`):
   further than the log keeps rebuilds its indexes.
 - `rp_embeddings`: the vectors a re-embedding rebuild computed, by embedder and the text's
   sha256, so the other servers rebuild the same generation without embedding again.
+
+Version 2, the servers' own state that a SQLite data directory keeps in keys.db and
+shadow.db, shared so that every server of a cluster acts the same:
+- `rp_keys`: the API keys (server.auth), hashed; a key made on one server authenticates
+  on all, a revoked one is refused by all.
+- `rp_shadow_evidence`, `rp_shadow_timings`, `rp_shadow_overlap`: the shadow's evidence
+  (server.shadow.evidence), recorded by every server's shadow worker.
+- `rp_shadow_state`, `rp_shadow_history`: which embedder serves each case of use, and
+  every flip and unflip: a flip is cluster-wide.
+Their columns are those of the SQLite tables (ragplane.core.statedb: one set of statements
+for both), with double precision for SQLite's REAL and bigint for counters.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ import psycopg
 
 # Any fixed 64-bit number: the advisory lock of schema changes.
 MIGRATE_LOCK = 0x7261_6770_6C61_6E65  # "ragplane"
-VERSION = 1
+VERSION = 2
 
 _V1 = """
 CREATE TABLE rp_meta (
@@ -72,8 +83,72 @@ CREATE TABLE rp_embeddings (
 );
 """
 
+_SHADOW_KEY = """
+    use_case   text NOT NULL,
+    release    text NOT NULL,
+    canonical  text NOT NULL,
+    hardware   text NOT NULL,
+    phase      text NOT NULL"""
+
+_V2 = f"""
+CREATE TABLE rp_keys (
+    key_id      text PRIMARY KEY,
+    tenant      text NOT NULL,
+    scopes      text NOT NULL,
+    hash        text NOT NULL,
+    description text NOT NULL,
+    created_at  double precision NOT NULL,
+    revoked     integer NOT NULL DEFAULT 0
+);
+CREATE TABLE rp_shadow_evidence ({_SHADOW_KEY},
+    class      text NOT NULL,
+    batches    bigint NOT NULL DEFAULT 0,
+    samples    bigint NOT NULL DEFAULT 0,
+    cos_min    double precision NOT NULL DEFAULT 1.0,
+    cos_sum    double precision NOT NULL DEFAULT 0.0,
+    low        text NOT NULL DEFAULT '[]',
+    errors     bigint NOT NULL DEFAULT 0,
+    last_error text NOT NULL DEFAULT '',
+    dropped    bigint NOT NULL DEFAULT 0,
+    first_at   double precision NOT NULL,
+    updated_at double precision NOT NULL,
+    PRIMARY KEY (use_case, release, canonical, hardware, phase, class)
+);
+CREATE TABLE rp_shadow_timings (
+    seq        bigserial PRIMARY KEY, {_SHADOW_KEY},
+    class      text NOT NULL,
+    at         double precision NOT NULL,
+    t1         double precision NOT NULL,
+    t2         double precision NOT NULL,
+    t3         double precision NOT NULL,
+    shadow_first integer NOT NULL
+);
+CREATE INDEX rp_shadow_timings_key ON rp_shadow_timings (use_case, release, phase, class);
+CREATE TABLE rp_shadow_overlap ({_SHADOW_KEY},
+    overlap    double precision NOT NULL,
+    probes     integer NOT NULL,
+    updated_at double precision NOT NULL,
+    PRIMARY KEY (use_case, release, canonical, hardware, phase)
+);
+CREATE TABLE rp_shadow_state (
+    use_case   text PRIMARY KEY,
+    serving    text NOT NULL,
+    updated_at double precision NOT NULL
+);
+CREATE TABLE rp_shadow_history (
+    seq        bigserial PRIMARY KEY,  -- commit order (under the state row's lock)
+    use_case   text NOT NULL,
+    at         double precision NOT NULL,
+    action     text NOT NULL,
+    serving    text NOT NULL,
+    forced     integer NOT NULL,
+    reason     text NOT NULL
+);
+CREATE INDEX rp_shadow_history_case ON rp_shadow_history (use_case, seq);
+"""
+
 # version -> the statements that bring the schema from version-1 to it
-UPGRADES: dict[int, str] = {1: _V1}
+UPGRADES: dict[int, str] = {1: _V1, 2: _V2}
 
 
 def current_version(conn: psycopg.Connection) -> int:

@@ -1,4 +1,7 @@
-"""Shadow evidence, persisted in SQLite (data_dir/shadow.db).
+"""Shadow evidence and flips, persisted in SQLite (data_dir/shadow.db), or with a
+PostgreSQL store in its rp_shadow_* tables (`EvidenceStore.in_postgres`), where every
+server of the cluster records its samples and reads everyone's, and where a flip is the
+cluster's (`set_serving` is a compare-and-set on the case's row).
 
 Evidence is kept per case-of-use, shadow release (name@version), canonical (name@version),
 hardware class, phase (`shadow` before a flip, `watch` since the last one) and traffic
@@ -19,20 +22,25 @@ evidence keeps its old `evidence` table, which nothing reads any more.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ragplane.core.sqlite import connect, transaction
-from ragplane.core.storage import storage_errors
+from ragplane.core.errors import RagplaneError
+from ragplane.core.statedb import Execute, SqliteStateDb, StateDb
 from ragplane.server.shadow.classes import NAMES
 from ragplane.server.shadow.timing import Timing
 from ragplane.server.shadow.types import FlipEvent
+
+if TYPE_CHECKING:  # psycopg is imported only with a PostgreSQL store
+    from ragplane.index.pg.log import PgStore
 
 _KEY = (
     "use_case TEXT NOT NULL, release TEXT NOT NULL, canonical TEXT NOT NULL, "
@@ -60,6 +68,17 @@ CREATE TABLE IF NOT EXISTS history (
   use_case TEXT NOT NULL, at REAL NOT NULL, action TEXT NOT NULL, serving TEXT NOT NULL,
   forced INTEGER NOT NULL, reason TEXT NOT NULL);
 """
+_SQLITE_TABLES = {
+    "evidence": "class_evidence", "timings": "batch_timings", "overlap": "overlap",
+    "state": "case_state", "history": "history", "seq": "rowid",
+}  # fmt: skip
+_PG_TABLES = {  # ragplane.index.pg.schema, version 2
+    "evidence": "rp_shadow_evidence", "timings": "rp_shadow_timings",
+    "overlap": "rp_shadow_overlap", "state": "rp_shadow_state",
+    "history": "rp_shadow_history", "seq": "seq",
+}  # fmt: skip
+_COLS = "use_case, release, canonical, hardware, phase"
+log = logging.getLogger(__name__)
 MAX_LOW = 5_000
 MAX_TIMINGS = 10_000  # per key and class: the estimator reads the latest this many
 PHASES = ("shadow", "watch")
@@ -105,28 +124,67 @@ class StoredRelease:
 
 
 class EvidenceStore:
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = connect(path)
-        self._dir = path.parent
-        self._db.executescript(_SCHEMA)
-        self._lock = threading.Lock()
+    def __init__(self, path: Path | None = None, *, db: StateDb | None = None) -> None:
+        if db is None:
+            assert path is not None, "EvidenceStore needs a path or a db"
+            db = SqliteStateDb(path, _SQLITE_TABLES, _SCHEMA)
+        self._db = db
+        self._pending: Counter[tuple[EvidenceKey, str]] = Counter()  # drops not yet written
+        self._pending_lock = threading.Lock()
+
+    @classmethod
+    def in_postgres(cls, store: PgStore) -> EvidenceStore:
+        """The evidence of a PostgreSQL store (a `ragplane.index.pg.log.PgStore`, whose
+        pool this uses)."""
+        from ragplane.index.pg.state import PgStateDb
+
+        return cls(db=PgStateDb(store, _PG_TABLES))
+
+    @property
+    def shared(self) -> bool:
+        """Other servers record and flip in the same tables."""
+        return self._db.shared
 
     @contextmanager
-    def _writing(self) -> Iterator[None]:
-        """Serialise a write; a full or read-only data directory raises StorageFull /
-        StorageReadOnly (the shadow worker counts the sample as dropped and goes on)."""
-        with self._lock, storage_errors(self._dir), transaction(self._db):
-            yield
+    def _writing(self) -> Iterator[Execute]:
+        """One write transaction; a full or read-only data directory raises StorageFull /
+        StorageReadOnly, an unreachable PostgreSQL Unavailable (the shadow worker counts
+        the sample as dropped and goes on). Drops counted since the last write go first."""
+        self.flush()
+        with self._db.write() as execute:
+            yield execute
+
+    def flush(self) -> None:
+        """Write the drops counted in memory (a shared store's, see `record_drop`); on
+        failure they stay counted, for the next try."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, Counter()
+        if not pending:
+            return
+        try:
+            # rows in one order on every server: two flushes never wait on each other
+            order = sorted(pending, key=lambda kc: (*kc[0].row(), kc[1]))
+            with self._db.write() as execute:
+                for key, cls in order:
+                    self._add_drops(execute, key, cls, pending[(key, cls)])
+        except BaseException:
+            with self._pending_lock:
+                self._pending.update(pending)
+            raise
 
     def close(self) -> None:
+        try:
+            self.flush()
+        except RagplaneError as exc:
+            log.warning("%d dropped samples were not counted: %s", sum(self._pending.values()), exc)
         self._db.close()
 
-    def _ensure(self, key: EvidenceKey, cls: str) -> None:
+    @staticmethod
+    def _ensure(execute: Execute, key: EvidenceKey, cls: str) -> None:
         now = time.time()
-        self._db.execute(
-            "INSERT OR IGNORE INTO class_evidence (use_case, release, canonical, hardware, "
-            "phase, class, first_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        execute(
+            f"INSERT INTO {{evidence}} ({_COLS}, class, first_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (*key.row(), cls, now, now),
         )
 
@@ -138,105 +196,120 @@ class EvidenceStore:
         values = [float(c) for c in cosines]
         if not values or not all(math.isfinite(c) for c in values):
             raise ValueError("record_agreement takes finite cosines only; record an error")
-        with self._writing():
-            self._ensure(key, cls)
-            n, low = self._db.execute(
-                f"SELECT samples, low FROM class_evidence WHERE {self._WHERE} AND class = ?",
+        with self._writing() as execute:
+            self._ensure(execute, key, cls)
+            n, low = execute(
+                f"SELECT samples, low FROM {{evidence}} WHERE {self._WHERE} AND class = ? "
+                "{for_update}",
                 (*key.row(), cls),
             ).fetchone()
             merged = sorted([*json.loads(low), *values])[:MAX_LOW]
-            self._db.execute(
-                "UPDATE class_evidence SET batches = batches + 1, samples = ?, "
-                "cos_min = MIN(cos_min, ?), cos_sum = cos_sum + ?, low = ?, updated_at = ? "
-                f"WHERE {self._WHERE} AND class = ?",
-                (
-                    n + len(values),
-                    min(values),
-                    sum(values),
-                    json.dumps(merged),
-                    time.time(),
-                    *key.row(),
-                    cls,
-                ),
-            )
+            lowest = min(values)
+            execute(
+                "UPDATE {evidence} SET batches = batches + 1, samples = ?, cos_min = CASE "
+                "WHEN cos_min < ? THEN cos_min ELSE ? END, cos_sum = cos_sum + ?, low = ?, "
+                f"updated_at = ? WHERE {self._WHERE} AND class = ?",
+                (n + len(values), lowest, lowest, sum(values), json.dumps(merged),
+                 time.time(), *key.row(), cls),
+            )  # fmt: skip
 
     def record_error(self, key: EvidenceKey, cls: str, what: str) -> None:
         """One sampled batch of `cls` whose shadow output could not be compared."""
-        with self._writing():
-            self._ensure(key, cls)
-            self._db.execute(
-                "UPDATE class_evidence SET batches = batches + 1, errors = errors + 1, "
+        with self._writing() as execute:
+            self._ensure(execute, key, cls)
+            execute(
+                "UPDATE {evidence} SET batches = batches + 1, errors = errors + 1, "
                 f"last_error = ?, updated_at = ? WHERE {self._WHERE} AND class = ?",
                 (what[:500], time.time(), *key.row(), cls),
             )
 
     def record_drop(self, key: EvidenceKey, cls: str) -> None:
-        with self._writing():
-            self._ensure(key, cls)
-            self._db.execute(
-                "UPDATE class_evidence SET dropped = dropped + 1, updated_at = ? "
-                f"WHERE {self._WHERE} AND class = ?",
-                (time.time(), *key.row(), cls),
-            )
+        """One sample of `cls` dropped (the queue was full: called on the request path).
+        A shared store counts it in memory, written with the next write or read here:
+        a request must not wait on PostgreSQL for the shadow's sake."""
+        if self._db.shared:
+            with self._pending_lock:
+                self._pending[(key, cls)] += 1
+            return
+        with self._writing() as execute:
+            self._add_drops(execute, key, cls, 1)
+
+    def _add_drops(self, execute: Execute, key: EvidenceKey, cls: str, n: int) -> None:
+        self._ensure(execute, key, cls)
+        execute(
+            "UPDATE {evidence} SET dropped = dropped + ?, updated_at = ? "
+            f"WHERE {self._WHERE} AND class = ?",
+            (n, time.time(), *key.row(), cls),
+        )
 
     def record_timing(
         self, key: EvidenceKey, cls: str, t1: float, t2: float, t3: float, shadow_first: bool
     ) -> None:
         """One timed batch of `cls`: its three runs' seconds, in the order they ran
         (shadow, canonical, shadow when `shadow_first`, else canonical, shadow, canonical)."""
-        with self._writing():
-            self._ensure(key, cls)
-            cur = self._db.execute(
-                "INSERT INTO batch_timings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        with self._writing() as execute:
+            self._ensure(execute, key, cls)
+            (seq,) = execute(
+                f"INSERT INTO {{timings}} ({_COLS}, class, at, t1, t2, t3, shadow_first) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {seq}",
                 (*key.row(), cls, time.time(), t1, t2, t3, int(shadow_first)),
-            )
-            if (cur.lastrowid or 0) % 1000 == 0:
-                self._db.execute(
-                    f"DELETE FROM batch_timings WHERE {self._WHERE} AND class = ? AND rowid "
-                    f"NOT IN (SELECT rowid FROM batch_timings WHERE {self._WHERE} AND class = ? "
-                    "ORDER BY rowid DESC LIMIT ?)",
+            ).fetchone()
+            if (seq or 0) % 1000 == 0:
+                execute(
+                    f"DELETE FROM {{timings}} WHERE {self._WHERE} AND class = ? AND {{seq}} "
+                    f"NOT IN (SELECT {{seq}} FROM {{timings}} WHERE {self._WHERE} AND "
+                    "class = ? ORDER BY {seq} DESC LIMIT ?)",
                     (*key.row(), cls, *key.row(), cls, MAX_TIMINGS),
                 )
 
     def record_overlap(self, key: EvidenceKey, overlap: float, probes: int) -> None:
-        with self._writing():
-            self._db.execute(
-                "INSERT OR REPLACE INTO overlap VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        with self._writing() as execute:
+            execute(
+                f"INSERT INTO {{overlap}} ({_COLS}, overlap, probes, updated_at) VALUES "
+                f"(?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT ({_COLS}) DO UPDATE SET "
+                "overlap = excluded.overlap, probes = excluded.probes, "
+                "updated_at = excluded.updated_at",
                 (*key.row(), overlap, probes, time.time()),
             )
 
     def clear(self, use_case: str, release: str, phase: str) -> None:
         """Forget `phase`'s evidence of a release (a new flip starts a new watch)."""
-        with self._writing():
-            for table in ("class_evidence", "batch_timings", "overlap"):
-                self._db.execute(
-                    f"DELETE FROM {table} WHERE use_case = ? AND release = ? AND phase = ?",
-                    (use_case, release, phase),
-                )
+        with self._writing() as execute:
+            self._clear(execute, use_case, release, phase)
+
+    @staticmethod
+    def _clear(execute: Execute, use_case: str, release: str, phase: str) -> None:
+        for table in ("{evidence}", "{timings}", "{overlap}"):
+            execute(
+                f"DELETE FROM {table} WHERE use_case = ? AND release = ? AND phase = ?",
+                (use_case, release, phase),
+            )
 
     # -- reading -------------------------------------------------------------------------
 
     def stored(self, use_case: str, phase: str = "shadow") -> list[StoredRelease]:
         """Every (release, canonical, hardware) of `use_case` in `phase`, oldest first."""
-        rows = self._db.execute(
+        self.flush()
+        where = (use_case, phase)
+        rows = self._db.read(
             "SELECT release, canonical, hardware, class, batches, samples, cos_min, cos_sum, "
-            "low, errors, last_error, dropped, first_at, updated_at FROM class_evidence "
+            "low, errors, last_error, dropped, first_at, updated_at FROM {evidence} "
             "WHERE use_case = ? AND phase = ? ORDER BY first_at",
-            (use_case, phase),
-        ).fetchall()
+            where,
+        )
         timings: dict[tuple, list[Timing]] = defaultdict(list)
-        for *k, t1, t2, t3, shadow_first in self._db.execute(
+        for *k, t1, t2, t3, shadow_first in self._db.read(
             "SELECT release, canonical, hardware, class, t1, t2, t3, shadow_first FROM "
-            "batch_timings WHERE use_case = ? AND phase = ? ORDER BY rowid",
-            (use_case, phase),
+            "{timings} WHERE use_case = ? AND phase = ? ORDER BY {seq}",
+            where,
         ):
             timings[tuple(k)].append((t1, t2, t3, bool(shadow_first)))
         overlaps = {
             tuple(k): (o, p)
-            for *k, o, p in self._db.execute(
-                "SELECT release, canonical, hardware, overlap, probes FROM overlap "
+            for *k, o, p in self._db.read(
+                "SELECT release, canonical, hardware, overlap, probes FROM {overlap} "
                 "WHERE use_case = ? AND phase = ?",
-                (use_case, phase),
+                where,
             )
         }
         out: dict[tuple, StoredRelease] = {}
@@ -258,28 +331,72 @@ class EvidenceStore:
         return list(out.values())
 
     def serving(self, case: str) -> str | None:
-        row = self._db.execute(
-            "SELECT serving FROM case_state WHERE use_case = ?", (case,)
-        ).fetchone()
-        return row[0] if row else None
+        rows = self._db.read("SELECT serving FROM {state} WHERE use_case = ?", (case,))
+        return rows[0][0] if rows else None
 
-    def set_serving(self, case: str, serving: str, action: str, forced: bool, reason: str) -> None:
+    def state(self, case: str) -> tuple[str | None, bool]:
+        """(the identity serving `case` as stored, or None; whether the flip in force was
+        forced): one read, for a server that follows flips made by others."""
+        serving = self.serving(case)
+        last = self._db.read(
+            "SELECT action, forced FROM {history} WHERE use_case = ? ORDER BY {seq} DESC LIMIT 1",
+            (case,),
+        )
+        return serving, bool(last) and last[0][0] == "flip" and bool(last[0][1])
+
+    def set_serving(
+        self,
+        case: str,
+        serving: str,
+        action: str,
+        forced: bool,
+        reason: str,
+        *,
+        expect: str | None = None,
+        clear_watch: str | None = None,
+    ) -> bool:
+        """Record that `serving` now answers `case`, and why, in its history. With `expect`
+        (what the caller believes serves now, stored as the case's first state if it has
+        none), a compare-and-set: nothing changes, and False is returned, when another
+        server changed it first. `clear_watch` (a shadow release): its watch evidence is
+        forgotten in the same transaction (a new flip starts a new watch)."""
         now = time.time()
-        with self._writing():
-            self._db.execute(
-                "INSERT OR REPLACE INTO case_state VALUES (?, ?, ?)", (case, serving, now)
-            )
-            self._db.execute(
-                "INSERT INTO history VALUES (?, ?, ?, ?, ?, ?)",
+        with self._writing() as execute:
+            if expect is None:
+                execute(
+                    "INSERT INTO {state} (use_case, serving, updated_at) VALUES (?, ?, ?) "
+                    "ON CONFLICT (use_case) DO UPDATE SET serving = excluded.serving, "
+                    "updated_at = excluded.updated_at",
+                    (case, serving, now),
+                )
+            else:
+                execute(
+                    "INSERT INTO {state} (use_case, serving, updated_at) VALUES (?, ?, ?) "
+                    "ON CONFLICT DO NOTHING",
+                    (case, expect, now),
+                )
+                cur = execute(
+                    "UPDATE {state} SET serving = ?, updated_at = ? WHERE use_case = ? "
+                    "AND serving = ?",
+                    (serving, now, case, expect),
+                )
+                if cur.rowcount != 1:
+                    return False
+            if clear_watch is not None:
+                self._clear(execute, case, clear_watch, "watch")
+            execute(
+                "INSERT INTO {history} (use_case, at, action, serving, forced, reason) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
                 (case, now, action, serving, int(forced), reason),
             )
+        return True
 
     def history(self, case: str) -> list[FlipEvent]:
-        rows = self._db.execute(
-            "SELECT at, action, serving, forced, reason FROM history WHERE use_case = ? "
-            "ORDER BY at",
+        rows = self._db.read(
+            "SELECT at, action, serving, forced, reason FROM {history} WHERE use_case = ? "
+            "ORDER BY {seq}",  # the order of the commits: servers' clocks may disagree
             (case,),
-        ).fetchall()
+        )
         return [
             FlipEvent(at, action, serving, bool(forced), reason)
             for at, action, serving, forced, reason in rows

@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ragplane.core.errors import FailedPrecondition, InvalidArgument
+from ragplane.core.poller import Poller
 from ragplane.server.embedding.base import Embedder, l2_normalize
 from ragplane.server.shadow.classes import classify
+from ragplane.server.shadow.compare import compare_rows
 from ragplane.server.shadow.config import PairConfig
 from ragplane.server.shadow.evidence import EvidenceKey, EvidenceStore
 from ragplane.server.shadow.experiment import Experiment, Observation, Result
@@ -46,11 +48,7 @@ from ragplane.server.shadow.types import CaseStatus, ReleaseEvidence
 log = logging.getLogger(__name__)
 OVERLAP_EVERY = 10  # published samples between overlap@10 measurements
 COMPATIBLE_TTL_S = 1.0  # longest compatible() trusts a G1 it read, without new evidence
-
-
-class ShadowOutputError(ValueError):
-    """The shadow answered, but with vectors that cannot be compared to the canonical's:
-    NaN or infinite values, another dimension, or another number of vectors."""
+FOLLOW_S = 0.5  # with a shared store: how often the stored flips are re-read
 
 
 @dataclass(frozen=True)
@@ -107,6 +105,7 @@ class ShadowManager:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._on_flip = on_flip
+        self._flipping = threading.RLock()  # a flip here, or one adopted from the store
         self.cases: dict[str, _Case] = {}
         # One thread for A/B/A timings, started here at the priority of the thread that
         # builds the manager: a thread inherits its creator's nice value on Linux, so one
@@ -117,17 +116,15 @@ class ShadowManager:
             shadow = shadows.get(name)
             if shadow is None:
                 continue
-            persisted = store.serving(name)
+            persisted, forced = store.state(name)
             declared = shadow.identity if cfg.status == "flipped" else canonical.identity
             serving = persisted if persisted in (canonical.identity, shadow.identity) else declared
-            case = _Case(cfg, canonical, shadow, serving, hardware_class(canonical, shadow))
-            past = store.history(name)
-            case.forced = bool(past) and past[-1].action == "flip" and past[-1].forced
+            case = _Case(cfg, canonical, shadow, serving, hardware_class(canonical, shadow), forced)
             if cfg.status != "experimental":
                 case.experiment = Experiment(
                     name,
                     candidate=lambda batch, control, c=case: self._candidate(c, batch, control),
-                    compare=functools.partial(self._compare, min_cosine=cfg.gates.min_cosine),
+                    compare=functools.partial(compare_rows, min_cosine=cfg.gates.min_cosine),
                     publisher=_Publisher(self, case),
                     sample_rate=cfg.sample_rate,
                     run_if=lambda _batch: not busy(),
@@ -136,6 +133,8 @@ class ShadowManager:
                     nice=19,
                 )
             self.cases[name] = case
+        # a shared store: flips made by the other servers of the cluster, adopted here
+        self._follower = Poller("shadow flips", FOLLOW_S, self.refresh) if store.shared else None
 
     # -- ShadowHook ----------------------------------------------------------------------
 
@@ -216,26 +215,6 @@ class ShadowManager:
         timing = (times[0], times[1], times[2], shadow_first)
         return out[case.shadow.identity], out[case.canonical.identity], timing
 
-    @staticmethod
-    def _compare(control: np.ndarray, candidate: np.ndarray, *, min_cosine: float):
-        """Per-row cosine, and whether the batch holds the case's G1 floor. Raises
-        ShadowOutputError when the two cannot be compared row by row; the experiment
-        records that as the candidate's error."""
-        a, b = np.asarray(control), np.asarray(candidate)
-        if b.ndim != 2 or b.shape[0] != a.shape[0] or b.shape[1:] != a.shape[1:]:
-            raise ShadowOutputError(
-                f"shape {b.shape} where {a.shape} was expected "
-                f"({a.shape[0]} vectors of dim {a.shape[1] if a.ndim == 2 else '?'})"
-            )
-        bad = ~np.isfinite(b).all(axis=1) | ~np.isfinite(a).all(axis=1)
-        if bad.any():
-            raise ShadowOutputError(
-                f"NaN or infinite values in {int(bad.sum())} of {len(b)} vectors"
-            )
-        a, b = l2_normalize(a), l2_normalize(b)
-        cos = np.clip(np.sum(a * b, axis=1, dtype=np.float64), -1.0, 1.0)
-        return cos, bool(cos.min() >= min_cosine)
-
     def _publish(self, case: _Case, result: Result) -> None:
         case.g1 = None
         key, batch = self._key(case), result.inputs
@@ -274,7 +253,6 @@ class ShadowManager:
         if case.cfg.policy == "auto":
             st = self._status(case)
             if st.flip_eligible and not self._unflipped(st):
-                self._start_watch(case)
                 self._set_serving(
                     case, case.shadow.identity, "flip", False, "automatic: every gate holds"
                 )
@@ -353,10 +331,6 @@ class ShadowManager:
     def _watch_evidence(self, case: _Case) -> ReleaseEvidence:
         return self._evidence(case, "watch")[1]
 
-    def _start_watch(self, case: _Case) -> None:
-        """A flip starts a new watch: evidence from an earlier flip does not carry over."""
-        self.store.clear(case.cfg.use_case, case.shadow.identity, "watch")
-
     def _status(self, case: _Case) -> CaseStatus:
         g = case.cfg.gates
         releases, cur = self._evidence(case, "shadow")
@@ -410,11 +384,36 @@ class ShadowManager:
     def _set_serving(
         self, case: _Case, serving: str, action: str, forced: bool, reason: str
     ) -> None:
-        if self._on_flip is not None:
-            self._on_flip(case.cfg.use_case, serving)
-        self.store.set_serving(case.cfg.use_case, serving, action, forced, reason)
-        case.serving, case.forced = serving, forced
-        log.warning("%s: %s -> %s now answers (%s)", case.cfg.use_case, action, serving, reason)
+        """A compare-and-set on the stored state: a flip only over the canonical, an unflip
+        only over the shadow, so of two servers deciding at once one wins; the other
+        adopts the winner's state. A flip starts a new watch: evidence from an earlier
+        flip does not carry over."""
+        name, shadow = case.cfg.use_case, case.shadow.identity
+        other = case.canonical.identity if serving == shadow else shadow
+        watch = shadow if action == "flip" else None
+        with self._flipping:
+            if self._on_flip is not None:
+                self._on_flip(name, serving)
+            cas = dict(expect=other, clear_watch=watch)
+            if not self.store.set_serving(name, serving, action, forced, reason, **cas):
+                self.refresh()
+                return
+            case.serving, case.forced = serving, forced
+        log.warning("%s: %s -> %s now answers (%s)", name, action, serving, reason)
+
+    def refresh(self) -> None:
+        """Adopt what the store says answers each case (with a shared store: every
+        FOLLOW_S, so a flip or unflip made on any server is served by all)."""
+        for name, case in self.cases.items():
+            with self._flipping:
+                serving, forced = self.store.state(name)
+                if serving not in (case.canonical.identity, case.shadow.identity):
+                    continue
+                if serving != case.serving:
+                    if self._on_flip is not None:
+                        self._on_flip(name, serving)
+                    log.warning("%s: %s now answers (the cluster's flip)", name, serving)
+                case.serving, case.forced = serving, forced
 
     def flip(self, use_case: str, *, force: bool = False) -> CaseStatus:
         case = self._case(use_case)
@@ -429,7 +428,6 @@ class ShadowManager:
                 f"{use_case} is not flip-eligible: {failing}. Use force to flip anyway"
             )
         reason = "forced by admin" if not st.flip_eligible else "every gate holds"
-        self._start_watch(case)
         self._set_serving(
             case, case.shadow.identity, "flip", force and not st.flip_eligible, reason
         )
@@ -480,6 +478,8 @@ class ShadowManager:
                 case.experiment.drain(timeout)
 
     def close(self) -> None:
+        if self._follower is not None:
+            self._follower.close()
         for case in self.cases.values():
             if case.experiment:
                 case.experiment.close()
