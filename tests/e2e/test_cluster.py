@@ -246,9 +246,11 @@ def test_postgres_stopped_is_unavailable_with_retry_after_then_served_again(pg, 
             break
         time.sleep(0.5)
     assert codes == [grpc.StatusCode.OK] * 4, codes
-    assert health.Check(health_pb2.HealthCheckRequest()).status == (
-        health_pb2.HealthCheckResponse.SERVING
-    )
+    serving = health_pb2.HealthCheckResponse.SERVING
+    deadline = time.monotonic() + 5  # the health state follows the replica every 0.25 s
+    while health.Check(health_pb2.HealthCheckRequest()).status != serving:
+        assert time.monotonic() < deadline, "health did not come back to SERVING"
+        time.sleep(0.1)
 
 
 def test_a_token_from_another_cluster_or_garbage_is_invalid_argument(cluster):
