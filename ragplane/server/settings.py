@@ -9,6 +9,7 @@ they never show in repr or logs, and `redacted()` masks them.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from contextvars import ContextVar
@@ -357,6 +358,8 @@ class Settings(BaseSettings):
         out = self.model_dump()
         for name in _SECRET_FIELDS:
             out[name] = "***" if out[name].get_secret_value() else ""
+        if out["store"] != "sqlite":  # a PostgreSQL URL may carry a password
+            out["store"] = re.sub(r"(://[^:/@]*):[^/]*@", r"\1:***@", out["store"])
         return out
 
     @classmethod

@@ -34,3 +34,22 @@ def test_secrets_are_redacted():
 
 def test_every_setting_is_documented():
     assert all(Settings.docs().values())
+
+
+def test_a_postgresql_store_url_is_shown_without_its_password():
+    from ragplane.server.settings import Settings
+
+    shown = Settings.from_mapping({"store": "postgresql://alice:s3cret@db:5432/rag"}).redacted()
+    assert shown["store"] == "postgresql://alice:***@db:5432/rag"
+    plain = Settings.from_mapping({"store": "postgresql://bob@db/rag"}).redacted()
+    assert plain["store"] == "postgresql://bob@db/rag"
+
+
+def test_an_unknown_store_is_refused_naming_both_kinds():
+    import pytest
+
+    from ragplane.core.errors import InvalidArgument
+    from ragplane.server.settings import Settings
+
+    with pytest.raises(InvalidArgument, match="sqlite or a PostgreSQL URL"):
+        Settings.from_mapping({"store": "mysql://x"})
