@@ -32,3 +32,15 @@ def onnx_model():
     from ragplane.server.embedding.onnx import OnnxEmbedder
 
     return OnnxEmbedder(device="cpu")
+
+
+@pytest.fixture(scope="module")
+def pg():
+    """A throwaway PostgreSQL for the module (ragplane.testkit.postgres); tests make a
+    database each (`pg.create_database(name)`), and may stop and start it."""
+    from ragplane.testkit import postgres
+
+    if not postgres.available():
+        pytest.skip("PostgreSQL's server binaries are not installed (apt-get install postgresql)")
+    with postgres.LocalPostgres() as instance:
+        yield instance

@@ -14,6 +14,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -29,6 +31,15 @@ def find_bin(name: str) -> str | None:
 
 def available() -> bool:
     return find_bin("initdb") is not None and find_bin("pg_ctl") is not None
+
+
+def until(ok: Callable[[], object], timeout: float = 30.0) -> float:
+    """Seconds until `ok()` held (polled every 20 ms); AssertionError after `timeout`."""
+    t0 = time.monotonic()
+    while not ok():
+        assert time.monotonic() - t0 < timeout, f"never happened in {timeout:.0f} s"
+        time.sleep(0.02)
+    return time.monotonic() - t0
 
 
 def free_port() -> int:

@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ragplane.testkit.harness import Stubs, SubprocessServer
-from ragplane.testkit.postgres import LocalPostgres, available
+from ragplane.testkit.postgres import available
 from ragplane.v1 import common_pb2, index_pb2, search_pb2
 
 pytestmark = pytest.mark.skipif(
@@ -25,12 +25,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 DIM = 16
-
-
-@pytest.fixture(scope="module")
-def pg():
-    with LocalPostgres() as pg:
-        yield pg
 
 
 @pytest.fixture

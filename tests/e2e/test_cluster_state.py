@@ -15,6 +15,7 @@ from ragplane.server.embedding.fake import FakeEmbedder
 from ragplane.server.shadow import manager as shadow_manager
 from ragplane.testkit import postgres
 from ragplane.testkit.harness import InProcessServer
+from ragplane.testkit.postgres import until
 from ragplane.testkit.texts import corpus
 from ragplane.v1 import admin_pb2, embed_pb2, index_pb2
 from tests.e2e.test_shadow import KODER
@@ -23,14 +24,6 @@ pytestmark = pytest.mark.e2e
 
 ADMIN = "rpk_000000000000_the-clusters-bootstrap-admin-key"
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
-
-
-@pytest.fixture(scope="module")
-def pg():
-    if not postgres.available():
-        pytest.skip("PostgreSQL's server binaries are not installed (apt-get install postgresql)")
-    with postgres.LocalPostgres() as instance:
-        yield instance
 
 
 def md(secret: str) -> tuple[tuple[str, str], ...]:
@@ -43,14 +36,6 @@ def code_of(call, *args, **kw) -> grpc.StatusCode:
     except grpc.RpcError as exc:
         return exc.code()
     return grpc.StatusCode.OK
-
-
-def until(ok, timeout: float = 30.0) -> float:
-    t0 = time.monotonic()
-    while not ok():
-        assert time.monotonic() - t0 < timeout, "never happened"
-        time.sleep(0.02)
-    return time.monotonic() - t0
 
 
 def cluster(tmp_path, url: str, n: int = 2, **kw) -> list[InProcessServer]:
@@ -72,7 +57,10 @@ def shadowed(tmp_path, url: str) -> list[InProcessServer]:
                                   max_ratio=1e9))  # fmt: skip
     return [
         InProcessServer(
-            tmp_path / name, store=url, embedder=FakeEmbedder(), koder_toml=str(koder),
+            tmp_path / name,
+            store=url,
+            embedder=FakeEmbedder(),
+            koder_toml=str(koder),
             shadow_embedders={"embeddings": FakeEmbedder(version="2")},
         )  # fmt: skip
         for name in "ab"

@@ -6,17 +6,7 @@ import itertools
 
 import pytest
 
-from ragplane.testkit import postgres
-
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def pg():
-    if not postgres.available():
-        pytest.skip("PostgreSQL's server binaries are not installed (apt-get install postgresql)")
-    with postgres.LocalPostgres() as instance:
-        yield instance
 
 
 @pytest.fixture

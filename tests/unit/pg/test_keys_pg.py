@@ -13,6 +13,7 @@ from ragplane.core.errors import Unauthenticated, Unavailable
 from ragplane.index.pg.log import PgStore
 from ragplane.server import auth
 from ragplane.server.auth import KeyStore
+from ragplane.testkit.postgres import until
 
 EMBED = "/ragplane.v1.EmbedService/Embed"
 
@@ -27,15 +28,6 @@ def two(pg_store):
     a.close()
     b.close()
     other.close()
-
-
-def until(ok, timeout: float = 30.0) -> float:
-    """Seconds until `ok()` held (polled); fails after `timeout`."""
-    t0 = time.monotonic()
-    while not ok():
-        assert time.monotonic() - t0 < timeout, "never happened"
-        time.sleep(0.02)
-    return time.monotonic() - t0
 
 
 def accepts(store: KeyStore, secret: str) -> bool:
@@ -53,8 +45,9 @@ def test_a_key_made_on_one_server_authenticates_on_the_other(two):
     assert a.check(EMBED, f"Bearer {secret}").tenant == "t1"  # at once on its own server
     seconds = until(lambda: accepts(b, secret))
     print(f"\nB accepted A's new key after {seconds * 1e3:.0f} ms")
-    assert b.check(EMBED, f"Bearer {secret}") == auth.Principal("t1", frozenset({"read"}),
-                                                                 info.key_id)
+    assert b.check(EMBED, f"Bearer {secret}") == auth.Principal(
+        "t1", frozenset({"read"}), info.key_id
+    )
     assert b.enabled  # and auth is on there too: no key is no longer anonymous
     with pytest.raises(Unauthenticated):
         b.check(EMBED, "")

@@ -27,13 +27,9 @@ def make_v1(url: str) -> str:
         store_id = schema.migrate(c, {1: schema.UPGRADES[1]})
         assert schema.current_version(c) == 1 and not V2_TABLES & tables(c)
         c.execute("UPDATE rp_head SET pos = 1")
-        c.execute("INSERT INTO rp_changes (pos, op) VALUES (1, '{\"op\": \"create\"}')")
-        c.execute(
-            "INSERT INTO rp_collections VALUES ('t', 'collection', 'docs', '{\"dim\": 4}')"
-        )
-        c.execute(
-            "INSERT INTO rp_items VALUES ('t', 'collection', 'docs', 'a', 1, '{}', '\\x01')"
-        )
+        c.execute('INSERT INTO rp_changes (pos, op) VALUES (1, \'{"op": "create"}\')')
+        c.execute("INSERT INTO rp_collections VALUES ('t', 'collection', 'docs', '{\"dim\": 4}')")
+        c.execute("INSERT INTO rp_items VALUES ('t', 'collection', 'docs', 'a', 1, '{}', '\\x01')")
     return store_id
 
 
@@ -52,9 +48,7 @@ def test_a_version_1_database_upgrades_in_place_keeping_its_data(db_url):
         assert c.execute("SELECT tenant, name, config FROM rp_collections").fetchall() == [
             ("t", "docs", {"dim": 4})
         ]
-        assert c.execute("SELECT id, pos, vectors FROM rp_items").fetchall() == [
-            ("a", 1, b"\x01")
-        ]
+        assert c.execute("SELECT id, pos, vectors FROM rp_items").fetchall() == [("a", 1, b"\x01")]
         assert schema.migrate(c) == store_id  # again: nothing to do
         assert schema.current_version(c) == 2
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from dataclasses import replace
 
 import pytest
@@ -19,6 +18,7 @@ from ragplane.server.shadow import manager as manager_module
 from ragplane.server.shadow.config import PairConfig
 from ragplane.server.shadow.evidence import EvidenceKey, EvidenceStore
 from ragplane.server.shadow.manager import ShadowManager
+from ragplane.testkit.postgres import until
 from tests.unit.shadow import LAX
 
 KEY = EvidenceKey("embeddings", "s@2", "c@1", "cpu")
@@ -32,14 +32,6 @@ def pools(pg_store):
     other.migrate()
     yield pg_store, other
     other.close()
-
-
-def until(ok, timeout: float = 30.0) -> float:
-    t0 = time.monotonic()
-    while not ok():
-        assert time.monotonic() - t0 < timeout, "never happened"
-        time.sleep(0.02)
-    return time.monotonic() - t0
 
 
 def record_some(s: EvidenceStore) -> None:
@@ -186,7 +178,9 @@ def managers(pools, policy: str = "manual"):
     )  # fmt: skip
     return [
         ShadowManager(
-            {"embeddings": cfg}, FakeEmbedder(), {"embeddings": FakeEmbedder(version="2")},
+            {"embeddings": cfg},
+            FakeEmbedder(),
+            {"embeddings": FakeEmbedder(version="2")},
             EvidenceStore.in_postgres(p),
         )  # fmt: skip
         for p in pools
