@@ -55,8 +55,7 @@ lint: install ## ruff, the import-linter layer contracts and the size limits (ge
 	$(PY) scripts/check_sizes.py
 
 test: install tools protos-check lint ## install everything and run every test (Python, Rust, Go)
-	VENV=$(VENV) bash scripts/run_tests.sh
-	VENV=$(VENV) bash scripts/test_clients.sh
+	RUN_CLIENTS=1 VENV=$(VENV) bash scripts/run_tests.sh
 
 test-ray: install ## only the tests on a local Ray cluster (ingest, kill and re-run, rebuild); in `make test` too
 	SKIP_CARGO_TEST=1 VENV=$(VENV) bash scripts/run_tests.sh -m ray

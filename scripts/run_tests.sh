@@ -60,4 +60,9 @@ if [ -f embedder_rs/Cargo.toml ] && [ -z "${SKIP_CARGO_TEST:-}" ]; then
   # Not quiet, its output shown: the log says that the real-model test ran, and on what.
   (cd embedder_rs && cargo test --release --test model_dir -- --show-output "$real") || exit $?
 fi
+# The clients' suites (RUN_CLIENTS=1, as `make test` sets) run while the PostgreSQL pass
+# may still be going: neither needs the other, and the run is shorter for it.
+if [ -n "${RUN_CLIENTS:-}" ]; then
+  VENV="$VENV" bash scripts/test_clients.sh || { rc=$?; finish_pg; exit $rc; }
+fi
 finish_pg || exit $?
