@@ -49,12 +49,10 @@ def pg():
 # Ray's shutdown can drop the Popen objects of its own processes (raylet, GCS, workers)
 # while they are still exiting; their __del__ then warns, which the suite's
 # filterwarnings=error turns into an unraisable-exception failure of whichever test is
-# running (seen once in a CI run of test_ingest_files' Ray test). Only the tests that
-# start Ray (marked `ray`) ignore that one warning; our own subprocesses are waited for.
+# running when the garbage is collected (seen once in a CI run, in test_ingest_files' Ray
+# test). That one warning is ignored; our own subprocesses are always waited for.
 RAY_POPEN = "ignore:subprocess [0-9]+ is still running:ResourceWarning"
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.get_closest_marker("ray") is not None:
-            item.add_marker(pytest.mark.filterwarnings(RAY_POPEN))
+def pytest_configure(config):
+    config.addinivalue_line("filterwarnings", RAY_POPEN)
