@@ -32,22 +32,6 @@ def params_from_json(d: dict[str, Any] | None) -> IndexParams | None:
     return None if d is None else IndexParams(**d)
 
 
-def encode_records(records: Sequence[Record]) -> tuple[list[dict[str, Any]], bytes]:
-    """Items as JSON (id, text, metadata, chunk offsets) and their vectors as one blob."""
-    items: list[dict[str, Any]] = []
-    vecs: list[np.ndarray] = []
-    for r in records:
-        item: dict[str, Any] = {"id": r.id, "text": r.text, "metadata": dict(r.metadata)}
-        if r.chunks:
-            item["chunks"] = [[s.start, s.end] for s in r.chunks]
-            vecs.extend(np.asarray(s.vector, dtype="<f4").reshape(-1) for s in r.chunks)
-        else:
-            vecs.append(np.asarray(r.vector, dtype="<f4").reshape(-1))
-        items.append(item)
-    blob = np.concatenate(vecs).tobytes() if vecs else b""
-    return items, blob
-
-
 def item_vectors(records: Sequence[Record]) -> list[bytes]:
     """Each record's own blob (its vector, or its chunks' vectors in order)."""
     return [
@@ -69,7 +53,8 @@ def encode_items(records: Sequence[Record]) -> list[dict[str, Any]]:
 
 
 def decode_records(items: list[dict[str, Any]], blob: bytes, dim: int) -> list[Record]:
-    """The inverse of encode_records for a collection of `dim` dimensions."""
+    """Records from encode_items' JSON and item_vectors' blobs joined, for a collection
+    of `dim` dimensions."""
     flat = np.frombuffer(blob, dtype="<f4").astype(np.float32, copy=False)
     mat = flat.reshape(-1, dim) if dim else flat.reshape(0, 0)
     out: list[Record] = []
