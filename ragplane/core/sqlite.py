@@ -13,12 +13,14 @@ SQLITE_CORRUPT = 11
 SQLITE_NOTADB = 26
 
 
-def connect(path: Path) -> sqlite3.Connection:
+def connect(path: Path, durable: bool = True) -> sqlite3.Connection:
     """A connection in autocommit mode (transactions are explicit `BEGIN IMMEDIATE`),
-    WAL journal and synchronous=FULL, so a committed write survives power loss."""
+    WAL journal and synchronous=FULL, so a committed write survives power loss. Not
+    `durable` (a cache whose truth is elsewhere): synchronous=OFF, a commit survives the
+    process but maybe not the machine."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'OFF'}")
     conn.execute("PRAGMA busy_timeout=30000")
     return conn
 

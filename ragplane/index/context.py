@@ -47,7 +47,8 @@ class Context:
     """Connections and collections of one open data directory. Thread-safe."""
 
     def __init__(
-        self, data_dir: str | os.PathLike, checkpoint_every: int, gpu: GpuCopies | None = None
+        self, data_dir: str | os.PathLike, checkpoint_every: int, gpu: GpuCopies | None = None,
+        durable: bool = True,
     ) -> None:
         self.dir = Path(data_dir)
         self.kind = Kind.COLLECTION  # the kind of collection get/live/find/register see
@@ -62,7 +63,7 @@ class Context:
         self._local = threading.local()
         self.reg_lock = threading.Lock()
         self._colls: dict[tuple[str, str, str], Coll] = {}  # (tenant, kind, name)
-        self.writer = connect(self.db_path)
+        self.writer = connect(self.db_path, durable)
 
     def of_kind(self, kind: Kind) -> Context:
         """A view of the same store that sees the collections of `kind`."""

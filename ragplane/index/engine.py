@@ -68,10 +68,13 @@ class Engine:
         checkpoint_every: int = 50_000,
         use_gpu: bool = False,
         integrity_check: str = "quick",
+        durable: bool = True,
     ) -> None:
         """Open (or create) the store in `data_dir`. `integrity_check` ("quick", "full" or
         "off") is what SQLite checks before anything is served: a damaged store raises
-        Corrupt, naming the file and the way back."""
+        Corrupt, naming the file and the way back. Not `durable`: a cache of a store
+        that lives elsewhere, whose commits are not synced to disk (they survive a crash of
+        the process, not always one of the machine: its owner rebuilds it then)."""
         path = Path(data_dir)
         path.mkdir(parents=True, exist_ok=True)
         (path / "indexes").mkdir(exist_ok=True)
@@ -80,7 +83,7 @@ class Engine:
         with contextlib.ExitStack() as stack, storage_errors(path, OPEN):
             busy = f"data directory {path.name!r} is in use by another Engine; stop it first"
             stack.enter_context(data_dir_lock(path, busy))
-            self._ctx = Context(path, checkpoint_every, gpu)
+            self._ctx = Context(path, checkpoint_every, gpu, durable)
             stack.callback(self._ctx.close)
             if integrity_check != "off":
                 check_integrity(self._ctx.writer, self._ctx.db_path, integrity_check == "full")
@@ -188,6 +191,12 @@ class Engine:
         Returns the number written. Replacing an id tombstones its previous vector.
         """
         return writes.upsert(self._ctx, tenant, name, records)
+
+    def stage_upsert(
+        self, tenant: str, name: str, records: Sequence[Record]
+    ) -> writes.StagedUpsert:
+        """`upsert` checked now, written by `with staged.written():` (see StagedUpsert)."""
+        return writes.StagedUpsert(self._ctx, tenant, name, records)
 
     def delete(
         self,

@@ -4,7 +4,8 @@ index and the live set."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -29,24 +30,41 @@ def upsert(ctx: Context, tenant: str, name: str, records: Sequence[Record]) -> i
     Returns the number of items written. Replacing an id tombstones every row of
     its previous version.
     """
-    coll = ctx.get(tenant, name)
-    rows, vec_records = record_row_groups(records, coll.chunking.enabled)
-    mat = record_vectors(vec_records, coll.dim, coll.metric, coll.name)
-    with coll.write_mutex:
-        if coll.dropped:
-            raise NotFound(f"collection {name!r} was deleted")
-        if mat.shape[1] != coll.dim:  # the collection was re-embedded to another dim meanwhile
-            mat = record_vectors(vec_records, coll.dim, coll.metric, coll.name)
-        with ctx.tx() as c:
-            old, seqs = repo.replace_items(c, coll.id, rows, mat, coll.lexical)
-        tail = np.fromiter((r[1] > 0 for r in rows), dtype=bool, count=len(rows))
-        _index(coll, mat, seqs, [r[0] for r in rows], old, tail)
-        with coll.rw.write():
-            coll.writes_since_ckpt += len(rows)
-            due = coll.writes_since_ckpt >= ctx.checkpoint_every
-    if due:
-        checkpoint_or_log(coll)
+    with StagedUpsert(ctx, tenant, name, records).written():
+        pass
     return len(records)
+
+
+class StagedUpsert:
+    """An upsert checked when made and written by `with staged.written():`. The block runs
+    with the rows in the open transaction, which commits (and the indexes follow) when the
+    block ends, or rolls back when it raises: a store whose truth is elsewhere writes there
+    meanwhile, and commits here only once it committed there."""
+
+    def __init__(self, ctx: Context, tenant: str, name: str, records: Sequence[Record]) -> None:
+        self.ctx = ctx
+        self.coll = coll = ctx.get(tenant, name)
+        self.rows, self.vec_records = record_row_groups(records, coll.chunking.enabled)
+        self.mat = record_vectors(self.vec_records, coll.dim, coll.metric, coll.name)
+
+    @contextmanager
+    def written(self) -> Iterator[None]:
+        coll, rows, mat = self.coll, self.rows, self.mat
+        with coll.write_mutex:
+            if coll.dropped:
+                raise NotFound(f"collection {coll.name!r} was deleted")
+            if mat.shape[1] != coll.dim:  # the collection was re-embedded to another dim
+                mat = record_vectors(self.vec_records, coll.dim, coll.metric, coll.name)
+            with self.ctx.tx() as c:
+                old, seqs = repo.replace_items(c, coll.id, rows, mat, coll.lexical)
+                yield
+            tail = np.fromiter((r[1] > 0 for r in rows), dtype=bool, count=len(rows))
+            _index(coll, mat, seqs, [r[0] for r in rows], old, tail)
+            with coll.rw.write():
+                coll.writes_since_ckpt += len(rows)
+                due = coll.writes_since_ckpt >= self.ctx.checkpoint_every
+        if due:
+            checkpoint_or_log(coll)
 
 
 def _index(

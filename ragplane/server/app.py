@@ -218,12 +218,13 @@ def _open_engine(settings: Settings, data_dir: Path) -> Engine:
             "extra (make install-gpu) on a CUDA machine, or set faiss_gpu=auto"
         )
 
-    def open_local(path: Path) -> Engine:
+    def open_local(path: Path, durable: bool = True) -> Engine:
         return Engine(
             path,
             checkpoint_every=settings.checkpoint_every,
             use_gpu=use_gpu,
             integrity_check=settings.integrity_check,
+            durable=durable,
         )
 
     if settings.store == "sqlite":

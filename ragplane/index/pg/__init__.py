@@ -9,7 +9,7 @@ from pathlib import Path
 from ragplane.index.engine import Engine
 
 
-def open_shared(url: str, cache_dir: Path, open_local: Callable[[Path], Engine],
+def open_shared(url: str, cache_dir: Path, open_local: Callable[..., Engine],
                 log_keep: int = 1_000_000):  # -> SharedEngine (imported lazily: psycopg)
     """Migrate the schema, load or catch up this server's cache, follow the log."""
     from ragplane.index.pg.log import PgStore

@@ -9,7 +9,12 @@ write made here applies its own change before it returns (read-your-writes on th
 Applying is idempotent (a replace, a delete, a create of what exists is skipped): the
 position saved in `replica.json` may trail what the cache holds after a crash, and the
 changes between are applied again. A cache that follows another store, or one behind
-what the log still keeps, is thrown away and rebuilt from the state tables."""
+what the log still keeps, is thrown away and rebuilt from the state tables.
+
+The cache does not sync its commits to disk (PostgreSQL holds the truth): they survive a
+crash of the process, not always one of the machine. replica.json says while the cache is
+open, and since which boot of the machine; an open cache found after a restart of the
+machine is rebuilt from the tables, one closed cleanly (synced first) is kept."""
 
 from __future__ import annotations
 
@@ -40,6 +45,17 @@ from ragplane.index.types import IndexType, Kind, Metric
 log = logging.getLogger(__name__)
 
 STATE_FILE = "replica.json"
+
+
+def _boot_id() -> str:
+    """This boot of the machine (Linux); "" where unknown (an open cache is then rebuilt)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+BOOT = _boot_id()
 LOAD_BATCH = 2000
 PRUNE_EVERY = 60.0  # seconds between a server's attempts to trim the log
 
@@ -51,7 +67,7 @@ class Replica:
         self,
         store: PgStore,
         cache_dir: Path,
-        open_engine: Callable[[Path], Engine],
+        open_engine: Callable[..., Engine],
         *,
         poll_interval: float = 0.2,
         stale_after: float = 1.0,
@@ -64,10 +80,12 @@ class Replica:
         self._stale_after = stale_after
         self._log_keep = log_keep
         self._saved = -1
+        self._is_open = True  # what replica.json says: the cache's commits may be unsynced
         self._next_prune = time.monotonic() + PRUNE_EVERY
         self.lock = threading.RLock()  # held while applying; writes here hold it too
         self._applied_cv = threading.Condition()
         self.applied = 0
+        self.writing = 0  # the position a write here is committing (its NOTIFY is no news)
         self.head_seen = 0
         self.last_contact = 0.0
         self.ready = False
@@ -91,7 +109,11 @@ class Replica:
             if state:
                 log.info("the local cache follows another store; rebuilding it")
             return self._load_from_tables()
-        engine = self._open_engine(self.dir)
+        if state.get("open") and (not state.get("boot") or state["boot"] != BOOT):
+            log.info("the machine restarted while the local cache was open (its commits are "
+                     "not synced: PostgreSQL holds the truth); rebuilding it")
+            return self._load_from_tables()
+        engine = self._open_engine(self.dir, durable=False)
         self.engine = engine
         self.applied = int(state.get("pos", 0))
         if self.store.oldest() > self.applied + 1:
@@ -99,6 +121,7 @@ class Replica:
                      self.applied)
             engine.close()
             return self._load_from_tables()
+        self._save_state(synced=True)  # "open" on disk before the first unsynced commit
         return engine
 
     def _read_state(self) -> dict[str, Any]:
@@ -107,19 +130,30 @@ class Replica:
         except (OSError, ValueError):
             return {}
 
-    def _save_state(self) -> None:
-        if self._saved == self.applied:
+    def _save_state(self, synced: bool = False) -> None:
+        """replica.json: the store followed, the position applied, and whether the cache
+        is open (and since which boot of the machine: an open cache the machine restarted
+        under may have lost commits). `synced` when the "open" flag changes."""
+        if self._saved == self.applied and not synced:
             return
         tmp = self.dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps({"store_id": self.store.store_id, "pos": self.applied}))
+        state = {"store_id": self.store.store_id, "pos": self.applied,
+                 "open": self._is_open, "boot": BOOT}
+        with open(tmp, "w") as f:
+            f.write(json.dumps(state))
+            if synced:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, self.dir / STATE_FILE)
+        if synced:
+            _fsync_path(self.dir)
         self._saved = self.applied
 
     def _load_from_tables(self) -> Engine:
         """A fresh cache from rp_collections and rp_items, at the head they reflect."""
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
-        engine = self._open_engine(self.dir)
+        engine = self._open_engine(self.dir, durable=False)
         self.engine = engine
         t0 = time.monotonic()
         n = 0
@@ -132,7 +166,7 @@ class Replica:
                 n += self._load_items(c, engine.of_kind(Kind(kind)), tenant, kind, name,
                                       int(config["dim"]))
         self.applied = head
-        self._save_state()
+        self._save_state(synced=True)
         log.info("local cache loaded from the store: %d collections, %d items at position "
                  "%d in %.1f s", len(colls), n, head, time.monotonic() - t0)
         return engine
@@ -168,9 +202,12 @@ class Replica:
         if self._thread is not None:
             self._thread.join(timeout=5)
         with self.lock:
-            with contextlib.suppress(OSError):
-                self._save_state()
             self.engine.close()
+            with contextlib.suppress(OSError):
+                for path in self.dir.rglob("*"):  # the cache's commits reach the disk ...
+                    _fsync_path(path)
+                self._is_open = False  # ... before replica.json calls it closed
+                self._save_state(synced=True)
         self.store.close()
 
     def catch_up(self, upto: int | None = None) -> int:
@@ -219,6 +256,7 @@ class Replica:
 
     def _follow(self) -> None:
         listener = None
+        notified = 0  # the newest position a NOTIFY named since the last look at the log
         try:
             while not self._stop.is_set():
                 try:
@@ -226,7 +264,9 @@ class Replica:
                         listener = self.store.listener()
                     if self.broken is not None:
                         self.reload()
-                    if self.lock.acquire(timeout=self._poll):
+                    if 0 < notified <= max(self.applied, self.writing):  # a write's here
+                        self.last_contact = time.monotonic()  # the notice came: in touch
+                    elif self.lock.acquire(timeout=self._poll):
                         try:
                             self.catch_up()
                             self._save_state()
@@ -236,8 +276,9 @@ class Replica:
                         self.store.head()
                         self.last_contact = time.monotonic()
                     self._maybe_prune()
-                    for _ in listener.notifies(timeout=self._poll, stop_after=1):
-                        pass
+                    notified = 0
+                    for n in listener.notifies(timeout=self._poll, stop_after=1):
+                        notified = int(n.payload) if n.payload.isdigit() else 0
                 except Exception as exc:  # PostgreSQL away: keep trying, report unhealthy
                     if isinstance(exc, Unavailable):
                         log.warning("%s", exc)
@@ -366,3 +407,11 @@ def apply_op(
             )
         else:
             raise ValueError(f"unknown operation {kind!r} in the change log")
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

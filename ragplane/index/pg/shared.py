@@ -3,10 +3,14 @@
 Reads go to this server's replica (its local Engine). A write is checked against the
 replica at the position just before its own (the head lock is held: nothing else can
 commit meanwhile, so the check is exact), written to PostgreSQL with its change, committed
-(the acknowledgement), and then applied here before it returns."""
+(the acknowledgement), and then applied here before it returns. An upsert, the write that
+comes in volume, overlaps the two: its statements go out first and PostgreSQL runs them
+while the items are checked and written here in an open transaction, committed after
+PostgreSQL's (upsert's docstring)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,7 +34,7 @@ from ragplane.index.types import (
     Metric,
     Record,
 )
-from ragplane.index.validate import check_ids, record_row_groups, record_vectors
+from ragplane.index.validate import check_ids
 
 # One statement per upsert (arrays unnested server-side): executemany's row-at-a-time
 # statements cost more than the local SQLite write they stand beside.
@@ -38,11 +42,15 @@ log = logging.getLogger(__name__)
 
 _UPSERT_ITEMS = (
     "INSERT INTO rp_items (tenant, kind, coll, id, pos, body, vectors) "
-    "SELECT %s, %s, %s, b->>'id', %s, b, v FROM unnest("
-    "ARRAY(SELECT jsonb_array_elements(%s::jsonb)), %b::bytea[]) AS t(b, v) "
+    "SELECT %s, %s, %s, b->>'id', h.pos, b, v FROM rp_head h, unnest("
+    "ARRAY(SELECT jsonb_array_elements(%s::text::jsonb)), %b::bytea[]) AS t(b, v) "
     "ON CONFLICT (tenant, kind, coll, id) DO UPDATE "
     "SET pos = EXCLUDED.pos, body = EXCLUDED.body, vectors = EXCLUDED.vectors"
 )
+
+
+class _Behind(Exception):
+    """Raised inside a write that found another server's change before its own."""
 
 
 class _NothingToLog(Exception):
@@ -119,10 +127,12 @@ class SharedEngine:
                         rep.catch_up(pos - 1)
                     blob = stage(c, pos) or b""
                     staged = True
-                    rep.store.append(c, pos, op, blob)
+                    rep.store.append(c, op, blob, pos)
+                    rep.writing = pos
             except _NothingToLog:
                 return
             except BaseException as exc:
+                rep.writing = 0  # if it did not commit, the position is the next write's
                 if own is not None and staged:  # changed here, maybe not in PostgreSQL
                     rep.broken = f"{op['op']} of {op.get('name')!r} may not have committed: {exc}"
                 raise
@@ -204,23 +214,78 @@ class SharedEngine:
     # ------------------------------------------------------------------ items
 
     def upsert(self, tenant: str, name: str, records: Sequence[Record]) -> int:
+        """The items go to PostgreSQL first, in one pipeline with the transaction's start
+        (written once, to rp_items at this change's position, where the other servers read
+        them); while PostgreSQL writes them, they are checked and written here in an open
+        SQLite transaction, which commits once PostgreSQL did and rolls back when it did
+        not. Checked against the state just before this write's position: when another
+        server wrote in between, that is applied first and the items checked again."""
         records = list(records)
-        op: dict[str, Any] = {"op": "upsert", "tenant": tenant, "name": name}
+        rep = self.replica
+        try:
+            dim = self.local.describe(tenant, name).dim
+        except NotFound:  # made on another server a moment ago?
+            rep.catch_up()
+            dim = self.local.describe(tenant, name).dim
+        op = {"op": "upsert", "tenant": tenant, "name": name, "kind": self.kind.value,
+              "dim": dim, "count": len(records)}
+        args = self._encoded(tenant, name, records)
+        with rep.lock:
+            rep.check()
+            with rep.store.write_ahead() as (c, pipe):
+                c.execute(_UPSERT_ITEMS, args)
+                logged = rep.store.append(c, op)
+                pos = 0
 
-        def stage(c: Any, pos: int) -> None:
-            info = self.local.describe(tenant, name)
-            _, vec_records = record_row_groups(records, info.chunking.enabled)
-            record_vectors(vec_records, info.dim, info.metric, name)
-            items = codec.encode_items(records)
-            op.update(dim=info.dim, count=len(items))
-            c.execute(_UPSERT_ITEMS, (
-                tenant, self.kind.value, name, pos, Jsonb(items), codec.item_vectors(records),
-            ))
+                def position() -> int:
+                    nonlocal pos
+                    if not pos:
+                        pipe.sync()  # the statements' outcome (an error is raised here)
+                        pos = int(logged.fetchone()[0])
+                    return pos
 
-        # The items are written once, to rp_items with this change's position, where the
-        # other servers read them (what a later change replaced, it brings itself).
-        self._write(op, stage, own=lambda: self.local.upsert(tenant, name, records))
+                try:
+                    staged = self.local.stage_upsert(tenant, name, records)
+                    self._commit_beside(c, pipe, staged, position)
+                except (InvalidArgument, NotFound, _Behind):
+                    if rep.applied == position() - 1:
+                        raise  # checked against the state just before it: the input is wrong
+                    rep.catch_up(pos - 1)  # another server wrote just before: apply it first
+                    staged = self.local.stage_upsert(tenant, name, records)
+                    if staged.coll.dim != op["dim"]:  # made again with another dim since
+                        rep.store.relog(c, pos, {**op, "dim": staged.coll.dim})
+                    self._commit_beside(c, pipe, staged, position)
+            rep.advance(pos)
         return len(records)
+
+    def _encoded(self, tenant: str, name: str, records: list[Record]) -> tuple:
+        try:
+            return (tenant, self.kind.value, name, json.dumps(codec.encode_items(records)),
+                    codec.item_vectors(records))
+        except Exception:
+            self.local.stage_upsert(tenant, name, records)  # names what is wrong with them
+            raise
+
+    def _commit_beside(self, c: Any, pipe: Any, staged: Any, position: Callable[[], int]) -> None:
+        """Write `staged` here, commit PostgreSQL's transaction, then the cache's (rolled
+        back when PostgreSQL's did not commit, or when this cache is behind: _Behind)."""
+        rep = self.replica
+        committed = False
+        try:
+            with staged.written():
+                pos = position()
+                if rep.applied != pos - 1:
+                    raise _Behind
+                rep.writing = pos
+                rep.store.commit(c, pipe)
+                committed = True
+        except Exception as exc:
+            if not committed:
+                rep.writing = 0  # the position is given to the next write
+                raise
+            # committed, so acknowledged; this cache reloads
+            rep.broken = f"upsert at position {pos} was not applied here: {exc}"
+            log.exception("applying position %d here failed", pos)
 
     def delete(
         self, tenant: str, name: str, *, ids: Sequence[str] | None = None,

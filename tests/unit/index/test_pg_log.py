@@ -46,6 +46,8 @@ def test_messages_name_the_server_without_the_password():
 class _LostAtCommit:
     """A connection that takes every statement but loses the line at COMMIT."""
 
+    info = type("Info", (), {"transaction_status": psycopg.pq.TransactionStatus.INTRANS})
+
     def __init__(self) -> None:
         self.statements: list[str] = []
 
