@@ -22,13 +22,18 @@
 //! the client's channel and API key.
 //!
 //! Several servers of one cluster (sharing a PostgreSQL store): [`Client::connect_cluster`]
-//! balances the calls over them, and a write's `consistency_token` passed to a read
-//! ([`Client::last_consistency_token`], the `consistency_token` field of the `*_with`
-//! requests) makes whichever server answers see that write.
+//! sends the calls to them in turn, as gRPC's `round_robin` policy does (a server whose
+//! connection just failed is skipped for about a second), and a write's `consistency_token`
+//! passed to a read ([`Client::last_consistency_token`], the `consistency_token` field of
+//! the `*_with` requests) makes whichever server answers see that write.
 
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use tonic::body::Body;
+use tonic::codegen::{http, BoxFuture, Context, Poll, Service};
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
@@ -46,14 +51,17 @@ use v1::index_service_client::IndexServiceClient;
 use v1::memory_service_client::MemoryServiceClient;
 use v1::search_service_client::SearchServiceClient;
 
-/// Errors from [`Client::connect`]; calls themselves fail with a [`tonic::Status`] whose
-/// code says what to change (`INVALID_ARGUMENT`, `NOT_FOUND`, `UNAUTHENTICATED`, ...).
+/// Errors from [`Client::connect`] and [`Client::connect_cluster`]; calls themselves fail
+/// with a [`tonic::Status`] whose code says what to change (`INVALID_ARGUMENT`,
+/// `NOT_FOUND`, `UNAUTHENTICATED`, ...).
 #[derive(Debug)]
 pub enum Error {
     /// The address or TLS settings are invalid, or the server could not be reached.
     Transport(tonic::transport::Error),
     /// The API key contains characters that cannot be sent as gRPC metadata.
     InvalidApiKey,
+    /// [`Client::connect_cluster`] was given no server address.
+    NoServers,
 }
 
 impl std::fmt::Display for Error {
@@ -61,6 +69,7 @@ impl std::fmt::Display for Error {
         match self {
             Error::Transport(e) => write!(f, "ragplane: cannot connect: {e}"),
             Error::InvalidApiKey => write!(f, "ragplane: API key is not valid ASCII metadata"),
+            Error::NoServers => write!(f, "ragplane: connect_cluster needs a server address"),
         }
     }
 }
@@ -69,7 +78,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Transport(e) => Some(e),
-            Error::InvalidApiKey => None,
+            Error::InvalidApiKey | Error::NoServers => None,
         }
     }
 }
@@ -107,7 +116,147 @@ impl tonic::service::Interceptor for Auth {
     }
 }
 
-type Svc = InterceptedService<Channel, Auth>;
+type Svc = InterceptedService<RoundRobin, Auth>;
+
+/// How long a server whose connection failed is left out of the rotation.
+const SKIP_FAILED: Duration = Duration::from_secs(1);
+
+/// The service under a [`Client`]'s stubs: the channel of [`Client::connect`], or the
+/// strict rotation of [`Client::connect_cluster`] over one channel per server, which leaves
+/// out for about a second a server whose call failed at the transport level (gRPC's
+/// `round_robin` policy). Clones share the rotation.
+#[derive(Clone, Debug)]
+pub struct RoundRobin(Route);
+
+#[derive(Clone, Debug)]
+enum Route {
+    One(Channel),
+    Rotate(Arc<Rotation>),
+}
+
+#[derive(Debug)]
+struct Rotation {
+    servers: Vec<Channel>,
+    /// The number of the next call.
+    next: AtomicUsize,
+    marks: Marks,
+}
+
+/// When each server is back in the rotation, in milliseconds since `epoch` (0: never left it).
+#[derive(Debug)]
+struct Marks {
+    epoch: Instant,
+    until_ms: Vec<AtomicU64>,
+}
+
+impl Marks {
+    fn new(n: usize) -> Self {
+        Marks {
+            epoch: Instant::now(),
+            until_ms: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn is_down(&self, i: usize, now_ms: u64) -> bool {
+        self.until_ms[i].load(Ordering::Relaxed) > now_ms
+    }
+
+    fn mark_down(&self, i: usize, now_ms: u64) {
+        let until = now_ms.saturating_add(SKIP_FAILED.as_millis() as u64);
+        self.until_ms[i].store(until, Ordering::Relaxed);
+    }
+}
+
+/// The server of call number `n` among `len`: the `n % up`-th of the `up` servers not
+/// down, so that consecutive calls go to each of those in turn; when every one is down,
+/// the `n % len`-th.
+fn pick(n: usize, len: usize, down: impl Fn(usize) -> bool) -> usize {
+    let up = (0..len).filter(|&i| !down(i)).count();
+    if up == 0 {
+        return n % len;
+    }
+    // A server may go down or come back between the two passes: then any one will do.
+    (0..len)
+        .filter(|&i| !down(i))
+        .nth(n % up)
+        .unwrap_or(n % len)
+}
+
+/// Whether the call failed on its deadline ([`Options::timeout`]) rather than on the
+/// connection: a slow answer says nothing about the server's connection.
+fn timed_out(e: &tonic::transport::Error) -> bool {
+    let mut err: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(x) = err {
+        if x.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        err = x.source();
+    }
+    false
+}
+
+impl RoundRobin {
+    fn one(channel: Channel) -> Self {
+        RoundRobin(Route::One(channel))
+    }
+
+    fn rotate(servers: Vec<Channel>) -> Self {
+        let n = servers.len();
+        RoundRobin(Route::Rotate(Arc::new(Rotation {
+            servers,
+            // A random first server, as gRPC's round_robin does, so that many clients
+            // started together do not all begin with the same one.
+            next: AtomicUsize::new(
+                std::collections::hash_map::RandomState::new().hash_one(0) as usize
+            ),
+            marks: Marks::new(n),
+        })))
+    }
+}
+
+impl Service<http::Request<Body>> for RoundRobin {
+    type Response = http::Response<Body>;
+    type Error = tonic::transport::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        match &mut self.0 {
+            Route::One(ch) => ch.poll_ready(cx),
+            // The server's channel is made ready in the call's future.
+            Route::Rotate(_) => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let rot = match &mut self.0 {
+            Route::One(ch) => return Box::pin(ch.call(req)),
+            Route::Rotate(rot) => rot.clone(),
+        };
+        let n = rot.next.fetch_add(1, Ordering::Relaxed);
+        let now = rot.marks.now_ms();
+        let i = pick(n, rot.servers.len(), |i| rot.marks.is_down(i, now));
+        let mut ch = rot.servers[i].clone();
+        Box::pin(async move {
+            let res = match std::future::poll_fn(|cx| ch.poll_ready(cx)).await {
+                Ok(()) => ch.call(req).await,
+                Err(e) => Err(e),
+            };
+            // The connection could not be made or was lost (a status from the server is an
+            // Ok response): leave the server out for a while. The call is not retried, as
+            // the request may have been sent.
+            if let Err(e) = &res {
+                if !timed_out(e) {
+                    rot.marks.mark_down(i, rot.marks.now_ms());
+                }
+            }
+            res
+        })
+    }
+}
 
 /// The embedding of a batch of texts, one vector per text in request order.
 #[derive(Clone, Debug, PartialEq)]
@@ -129,10 +278,10 @@ pub fn item(id: impl Into<String>, text: impl Into<String>) -> v1::Item {
 }
 
 /// A ragplane client. Cheap to clone: clones share one HTTP/2 channel (one per server with
-/// [`Client::connect_cluster`]) and the last consistency token.
+/// [`Client::connect_cluster`], and its rotation) and the last consistency token.
 #[derive(Clone, Debug)]
 pub struct Client {
-    channel: Channel,
+    channel: RoundRobin,
     auth: Auth,
     token: Arc<Mutex<String>>,
 }
@@ -181,7 +330,7 @@ impl Client {
     pub async fn connect(addr: impl Into<String>, opts: Options) -> Result<Self, Error> {
         let ep = endpoint(addr.into(), &opts)?;
         Ok(Client {
-            channel: ep.connect().await?,
+            channel: RoundRobin::one(ep.connect().await?),
             auth: auth(&opts)?,
             token: Arc::default(),
         })
@@ -189,15 +338,20 @@ impl Client {
 
     /// A client for several servers of one cluster (ragplane servers sharing a PostgreSQL
     /// store), each `http://host:port` (or `https://` with the `tls` feature); `opts`
-    /// apply to every one. Calls are balanced over them by tonic's
-    /// [`Channel::balance_list`]: a connection per server, each call on one of the
-    /// connected servers picked at random (tower's power-of-two-choices balancer; tonic's
-    /// connections report no load, so it is an even random spread rather than a strict
-    /// rotation), a server that cannot be reached left out.
+    /// apply to every one. The calls go to the servers in turn, as with gRPC's
+    /// `round_robin` policy: a connection per server, and each call (of this client and its
+    /// clones, typed methods and stubs alike) on the next server of the list, starting at a
+    /// random one. A call that fails at the transport level (the server could not be
+    /// reached or the connection was lost; not a status the server returned, nor a
+    /// [`Options::timeout`]) leaves its server out of the rotation for about a second, then
+    /// the server is tried again; when every server is left out, the calls go to them in
+    /// turn anyway. That call is not retried on another server (the request may have been
+    /// sent): it returns its error, `UNAVAILABLE` for a server that cannot be reached.
     ///
-    /// It does not wait for the servers (the first call connects) and must be called
-    /// within a Tokio runtime. Any server answers any call but applies the others' writes a
-    /// moment later: pass a write's token to a read to see the write wherever it lands
+    /// It does not wait for the servers (a server's first call connects) and must be
+    /// called within a Tokio runtime; it fails with [`Error::NoServers`] on an empty list.
+    /// Any server answers any call but applies the others' writes a moment later: pass a
+    /// write's token to a read to see the write wherever it lands
     /// ([`Client::last_consistency_token`]).
     ///
     /// ```no_run
@@ -224,12 +378,15 @@ impl Client {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let eps = addrs
+        let servers = addrs
             .into_iter()
-            .map(|a| endpoint(a.into(), &opts))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|a| Ok(endpoint(a.into(), &opts)?.connect_lazy()))
+            .collect::<Result<Vec<_>, Error>>()?;
+        if servers.is_empty() {
+            return Err(Error::NoServers);
+        }
         Ok(Client {
-            channel: Channel::balance_list(eps.into_iter()),
+            channel: RoundRobin::rotate(servers),
             auth: auth(&opts)?,
             token: Arc::default(),
         })
@@ -444,7 +601,46 @@ impl Client {
 
 #[cfg(test)]
 mod tests {
-    use super::newer;
+    use super::{newer, pick, Marks, SKIP_FAILED};
+
+    fn picks(from: usize, calls: usize, down: &[bool]) -> Vec<usize> {
+        (from..from + calls)
+            .map(|n| pick(n, down.len(), |i| down[i]))
+            .collect()
+    }
+
+    #[test]
+    fn pick_rotates_strictly() {
+        assert_eq!(picks(0, 7, &[false; 3]), [0, 1, 2, 0, 1, 2, 0]);
+        assert_eq!(picks(5, 4, &[false; 2]), [1, 0, 1, 0]);
+        assert_eq!(picks(usize::MAX - 1, 1, &[false; 1]), [0]);
+    }
+
+    #[test]
+    fn pick_skips_servers_that_are_down() {
+        // The others still alternate: no server gets two turns in a row.
+        assert_eq!(picks(0, 6, &[false, true, false]), [0, 2, 0, 2, 0, 2]);
+        assert_eq!(picks(3, 3, &[true, false]), [1, 1, 1]);
+    }
+
+    #[test]
+    fn pick_rotates_over_all_when_all_are_down() {
+        assert_eq!(picks(0, 4, &[true, true]), [0, 1, 0, 1]);
+    }
+
+    #[test]
+    fn a_server_marked_down_is_back_after_the_skip() {
+        let m = Marks::new(2);
+        let skip = SKIP_FAILED.as_millis() as u64;
+        assert!(!m.is_down(0, 0) && !m.is_down(1, 0));
+        m.mark_down(1, 500);
+        assert!(!m.is_down(0, 500));
+        assert!(m.is_down(1, 500));
+        assert!(m.is_down(1, 500 + skip - 1));
+        assert!(!m.is_down(1, 500 + skip));
+        m.mark_down(1, u64::MAX); // no overflow
+        assert!(m.is_down(1, u64::MAX - 1));
+    }
 
     #[test]
     fn newer_keeps_the_furthest_token() {

@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ragplane_client::{item, v1, Client, Options};
 
@@ -139,36 +139,109 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}_{nanos}")
 }
 
-/// `connect_cluster` spreads calls over both servers: each answers a share.
+/// How many calls of `method` each server has answered.
+fn served_by_each(metrics: &[String], method: &str) -> Vec<f64> {
+    metrics.iter().map(|m| served(m, method)).collect()
+}
+
+/// `connect_cluster` sends consecutive calls to the servers in turn (gRPC's round_robin),
+/// clones of the client sharing the rotation: 20 calls alternate between the two servers,
+/// 10 each (a random spread does that about once in 500,000 runs). Embed is called by no
+/// other test here, so each server's Embed count says which one answered each call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_spreads_calls_over_servers() {
-    let Some((addrs, metrics)) = cluster("cluster_spreads_calls_over_servers") else {
+async fn cluster_rotates_calls_over_servers() {
+    let Some((addrs, metrics)) = cluster("cluster_rotates_calls_over_servers") else {
         return;
     };
     let c = Client::connect_cluster(http(&addrs), Options::default()).expect("connect_cluster");
-    let before: Vec<f64> = metrics
-        .iter()
-        .map(|m| served(m, "ListCollections"))
-        .collect();
-    // A server is used once its connection is up, so the first calls may all go to the
-    // faster one: call in rounds until each has answered a few, failing if one never does.
-    let mut got = vec![0.0; 2];
-    let mut calls = 0;
-    while calls < 200 && got.iter().any(|&n| n < 3.0) {
-        for _ in 0..10 {
-            c.index_service()
-                .list_collections(v1::ListCollectionsRequest::default())
-                .await
-                .expect("list_collections");
-        }
-        calls += 10;
-        for (i, m) in metrics.iter().enumerate() {
-            got[i] = served(m, "ListCollections") - before[i];
+    let clients = [c.clone(), c];
+    let start = served_by_each(&metrics, "Embed");
+    let mut last = start.clone();
+    let mut answered = Vec::new();
+    for k in 0..20 {
+        clients[k % 2].embed(["round robin"]).await.expect("embed");
+        let now = served_by_each(&metrics, "Embed");
+        let by: Vec<usize> = (0..2).filter(|&i| now[i] > last[i]).collect();
+        assert_eq!(
+            by.len(),
+            1,
+            "call {k}: counts went from {last:?} to {now:?}"
+        );
+        assert_eq!(
+            now[by[0]] - last[by[0]],
+            1.0,
+            "call {k}: {last:?} -> {now:?}"
+        );
+        answered.push(by[0]);
+        last = now;
+    }
+    for (k, w) in answered.windows(2).enumerate() {
+        assert_ne!(
+            w[0],
+            w[1],
+            "calls {k} and {} on one server: {answered:?}",
+            k + 1
+        );
+    }
+    let got: Vec<f64> = (0..2).map(|i| last[i] - start[i]).collect();
+    assert_eq!(got, [10.0, 10.0], "{answered:?}");
+}
+
+/// A server that cannot be reached fails the call sent to it (UNAVAILABLE, not retried),
+/// then is left out of the rotation for about a second, the other server answering every
+/// call meanwhile; after that it is tried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_skips_an_unreachable_server() {
+    let Some((addrs, _)) = cluster("cluster_skips_an_unreachable_server") else {
+        return;
+    };
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    }; // closed: nothing listens there
+    let live = http(&addrs).remove(0);
+    let c = Client::connect_cluster([dead, live], Options::default()).expect("connect_cluster");
+    // ListCollections, not Embed: the rotation test counts the Embed calls.
+    let call = || async {
+        c.index_service()
+            .list_collections(v1::ListCollectionsRequest::default())
+            .await
+    };
+    // The rotation reaches the unreachable server within two calls.
+    let mut failed = None;
+    for k in 0..2 {
+        if let Err(e) = call().await {
+            assert_eq!(e.code(), tonic::Code::Unavailable, "call {k}: {e:?}");
+            failed = Some(Instant::now());
+            break;
         }
     }
+    let mut failed = failed.expect("a call on the unreachable server within two calls");
+    // Then it is skipped: the calls that start well within the second all succeed.
+    let mut ok = 0;
+    for k in 0..10 {
+        let started = Instant::now();
+        match call().await {
+            Ok(_) => ok += 1,
+            Err(e) => {
+                let after = started - failed;
+                assert!(
+                    after >= Duration::from_millis(900),
+                    "call {k} failed {after:?} after the last failure: {e:?}"
+                );
+                failed = Instant::now();
+            }
+        }
+    }
+    assert!(ok >= 1, "no call succeeded");
+    // After the skip the server is tried again, once: the call after it is answered.
+    tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_millis(1200)))
+        .await
+        .unwrap();
+    let results = [call().await.is_ok(), call().await.is_ok()];
     assert!(
-        got.iter().all(|&n| n >= 3.0),
-        "calls answered per server after {calls}: {got:?}; want both to answer"
+        results.iter().filter(|&&r| r).count() == 1,
+        "two calls after the skip: {results:?}; want one on each server"
     );
 }
 
