@@ -217,6 +217,10 @@ class Engine:
         """Live records for `ids`, in request order; ids that do not exist are left out."""
         return reads.get(self._ctx, tenant, name, ids, include_vectors)
 
+    def live_among(self, tenant: str, name: str, ids: Sequence[str]) -> set[str]:
+        """Those of `ids` that exist in the collection."""
+        return reads.live_among(self._ctx, tenant, name, ids)
+
     def iter_records(self, tenant: str, name: str, batch: int = 1024) -> Iterator[list[Record]]:
         """Live records with vectors in a stable (write) order, `batch` at a time."""
         return reads.iter_records(self._ctx, tenant, name, batch)

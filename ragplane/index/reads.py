@@ -39,6 +39,11 @@ def get(
     return out
 
 
+def live_among(ctx: Context, tenant: str, name: str, ids: Sequence[str]) -> set[str]:
+    """Those of `ids` that are live items of the collection."""
+    return repo.live_among(ctx.reader(), ctx.get(tenant, name).id, ids)
+
+
 def iter_records(ctx: Context, tenant: str, name: str, batch: int) -> Iterator[list[Record]]:
     """Live records with vectors in a stable (write) order, `batch` at a time."""
     coll = ctx.get(tenant, name)

@@ -385,6 +385,16 @@ def items_by_id(c: Conn, coll_id: int, ids: Sequence[str], vectors: bool) -> lis
     ).fetchall()
 
 
+def live_among(c: Conn, coll_id: int, ids: Sequence[str]) -> set[str]:
+    """Those of `ids` that are live items of the collection."""
+    rows = c.execute(
+        "SELECT item_id FROM items INDEXED BY items_live_id WHERE coll_id = ? AND deleted = 0 "
+        "AND chunk = 0 AND item_id IN (SELECT value FROM json_each(?))",
+        (coll_id, json.dumps(list(ids))),
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
 def items_page(c: Conn, coll_id: int, after: int, limit: int) -> list[tuple]:
     """(seq, item_id, vector of chunk 0, whole text, metadata JSON) of live items after
     `after`, in seq order."""

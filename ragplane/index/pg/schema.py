@@ -25,6 +25,11 @@ shadow.db, shared so that every server of a cluster acts the same:
   every flip and unflip: a flip is cluster-wide.
 Their columns are those of the SQLite tables (ragplane.core.statedb: one set of statements
 for both), with double precision for SQLite's REAL and bigint for counters.
+
+Version 3: `rp_expect_head(p)`, which fails its transaction (serialization_failure) unless
+the head is `p`: an upsert sends its COMMIT before it knows its position, guarded by it.
+(`rp_changes.vectors` has been written empty since the items moved to rp_items alone; a
+later version may drop it once no server of an older version can be running.)
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import psycopg
 
 # Any fixed 64-bit number: the advisory lock of schema changes.
 MIGRATE_LOCK = 0x7261_6770_6C61_6E65  # "ragplane"
-VERSION = 2
+VERSION = 3
 
 _V1 = """
 CREATE TABLE rp_meta (
@@ -147,8 +152,18 @@ CREATE TABLE rp_shadow_history (
 CREATE INDEX rp_shadow_history_case ON rp_shadow_history (use_case, seq);
 """
 
+_V3 = """
+CREATE FUNCTION rp_expect_head(want bigint) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF (SELECT pos FROM rp_head) <> want THEN
+        RAISE EXCEPTION 'another server wrote before position %', want
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+END $$;
+"""
+
 # version -> the statements that bring the schema from version-1 to it
-UPGRADES: dict[int, str] = {1: _V1, 2: _V2}
+UPGRADES: dict[int, str] = {1: _V1, 2: _V2, 3: _V3}
 
 
 def current_version(conn: psycopg.Connection) -> int:

@@ -10,19 +10,27 @@ PostgreSQL's (upsert's docstring)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
-from ragplane.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from ragplane.core.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from ragplane.index import catalog
 from ragplane.index.engine import Engine
 from ragplane.index.pg import codec
 from ragplane.index.pg import reembed as reembed_mod
-from ragplane.index.pg.log import Change
+from ragplane.index.pg.log import RETRY_AFTER, Change
 from ragplane.index.pg.replica import Replica
 from ragplane.index.types import (
     Chunking,
@@ -40,6 +48,12 @@ from ragplane.index.validate import check_ids
 # statements cost more than the local SQLite write they stand beside.
 log = logging.getLogger(__name__)
 
+# The same for ids that are new at the position (most upserts): no speculative insertion.
+_INSERT_ITEMS = (
+    "INSERT INTO rp_items (tenant, kind, coll, id, pos, body, vectors) "
+    "SELECT %s, %s, %s, b->>'id', h.pos, b, v FROM rp_head h, unnest("
+    "ARRAY(SELECT jsonb_array_elements(%s::text::jsonb)), %b::bytea[]) AS t(b, v)"
+)
 _UPSERT_ITEMS = (
     "INSERT INTO rp_items (tenant, kind, coll, id, pos, body, vectors) "
     "SELECT %s, %s, %s, b->>'id', h.pos, b, v FROM rp_head h, unnest("
@@ -49,8 +63,40 @@ _UPSERT_ITEMS = (
 )
 
 
+UPSERT_TRIES = 5  # sends of an upsert that find another server's write first, at most
+
+
 class _Behind(Exception):
     """Raised inside a write that found another server's change before its own."""
+
+
+def _drain(pipe: psycopg.Pipeline) -> None:
+    """Close a pipeline that an error aborted (rather than have its exit log a warning)."""
+    with contextlib.suppress(psycopg.Error):
+        pipe.sync()
+
+
+@contextlib.contextmanager
+def _outcome(committing: str = "") -> Iterator[None]:
+    """Errors of a pipelined upsert: another server's write first is _Behind, input
+    PostgreSQL refuses (duplicate ids, a NUL character) InvalidArgument; with the COMMIT
+    sent (`committing`: where), a lost connection leaves the outcome unknown."""
+    try:
+        yield
+    except (psycopg.errors.SerializationFailure, psycopg.errors.UniqueViolation) as exc:
+        raise _Behind from exc  # (an id new here but not there: another server's write)
+    except (psycopg.errors.DataError, psycopg.errors.CardinalityViolation) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise InvalidArgument(
+            f"PostgreSQL refused these items ({first}); correct the items and retry"
+        ) from exc
+    except psycopg.OperationalError as exc:
+        if not committing:
+            raise
+        raise Unavailable(
+            f"PostgreSQL ({committing}) was lost while committing: the outcome is unknown; "
+            "retry: upserts by id are idempotent", RETRY_AFTER,
+        ) from exc
 
 
 class _NothingToLog(Exception):
@@ -214,12 +260,9 @@ class SharedEngine:
     # ------------------------------------------------------------------ items
 
     def upsert(self, tenant: str, name: str, records: Sequence[Record]) -> int:
-        """The items go to PostgreSQL first, in one pipeline with the transaction's start
-        (written once, to rp_items at this change's position, where the other servers read
-        them); while PostgreSQL writes them, they are checked and written here in an open
-        SQLite transaction, which commits once PostgreSQL did and rolls back when it did
-        not. Checked against the state just before this write's position: when another
-        server wrote in between, that is applied first and the items checked again."""
+        """Sent to PostgreSQL ahead (`_upsert_ahead`); when another server wrote first,
+        applied here and sent again. The items are written once, to rp_items at this
+        change's position, where the other servers read them."""
         records = list(records)
         rep = self.replica
         try:
@@ -227,36 +270,69 @@ class SharedEngine:
         except NotFound:  # made on another server a moment ago?
             rep.catch_up()
             dim = self.local.describe(tenant, name).dim
-        op = {"op": "upsert", "tenant": tenant, "name": name, "kind": self.kind.value,
-              "dim": dim, "count": len(records)}
         args = self._encoded(tenant, name, records)
-        with rep.lock:
-            rep.check()
-            with rep.store.write_ahead() as (c, pipe):
-                c.execute(_UPSERT_ITEMS, args)
-                logged = rep.store.append(c, op)
-                pos = 0
-
-                def position() -> int:
-                    nonlocal pos
-                    if not pos:
-                        pipe.sync()  # the statements' outcome (an error is raised here)
-                        pos = int(logged.fetchone()[0])
-                    return pos
-
+        for _ in range(UPSERT_TRIES):
+            op = {"op": "upsert", "tenant": tenant, "name": name, "kind": self.kind.value,
+                  "dim": dim, "count": len(records)}
+            with rep.lock:
+                rep.check()
                 try:
-                    staged = self.local.stage_upsert(tenant, name, records)
-                    self._commit_beside(c, pipe, staged, position)
-                except (InvalidArgument, NotFound, _Behind):
-                    if rep.applied == position() - 1:
-                        raise  # checked against the state just before it: the input is wrong
-                    rep.catch_up(pos - 1)  # another server wrote just before: apply it first
-                    staged = self.local.stage_upsert(tenant, name, records)
-                    if staged.coll.dim != op["dim"]:  # made again with another dim since
-                        rep.store.relog(c, pos, {**op, "dim": staged.coll.dim})
-                    self._commit_beside(c, pipe, staged, position)
-            rep.advance(pos)
-        return len(records)
+                    pos = self._upsert_ahead(tenant, name, records, op, args)
+                except _Behind:  # nothing committed: apply the other's write, then again
+                    rep.catch_up()
+                    dim = self.local.describe(tenant, name).dim
+                    continue
+                rep.advance(pos)
+                return len(records)
+        raise Unavailable("other servers' writes kept committing first; retry", 0.1)
+
+    def _upsert_ahead(self, tenant: str, name: str, records: list[Record], op: dict[str, Any],
+                      args: tuple) -> int:
+        """One try, under the replica's lock, returning the position. The statements and
+        the transaction's start go out in one pipeline, PostgreSQL running them while the
+        items are checked here; then COMMIT goes out, guarded (rp_expect_head) by the
+        position this server expects (another server's write in between fails it: _Behind),
+        and the items are written here in an open SQLite transaction, which commits once
+        PostgreSQL's did and rolls back when it did not."""
+        rep = self.replica
+        expect = rep.applied + 1
+        ids = [r.id for r in records]
+        new = len(set(ids)) == len(ids) and not self.local.live_among(tenant, name, ids)
+        with rep.store.write_ahead() as (c, pipe):
+            try:
+                with _outcome():  # (a pipelined statement may raise an earlier one's error)
+                    c.execute(_INSERT_ITEMS if new else _UPSERT_ITEMS, args)
+                    rep.store.append(c, op)
+                    c.execute("SELECT rp_expect_head(%s)", (expect,))
+            except InvalidArgument:  # PostgreSQL refused them
+                _drain(pipe)
+                self.local.stage_upsert(tenant, name, records)  # this check says why, if it can
+                raise
+            try:
+                staged = self.local.stage_upsert(tenant, name, records)
+            except (InvalidArgument, NotFound) as exc:
+                try:
+                    with _outcome():  # behind: checked against an old state (_Behind)
+                        pipe.sync()
+                except InvalidArgument:  # PostgreSQL refused them too: this check says why
+                    _drain(pipe)
+                    raise exc from None
+                raise
+            rep.writing = expect  # its NOTIFY is no news to the follower
+            committed = False
+            try:
+                with staged.written(), _outcome(rep.store.where):
+                    c.execute("COMMIT")  # PostgreSQL commits while the items are written here
+                    pipe.sync()
+                    committed = True
+            except Exception as exc:
+                if not committed:
+                    rep.writing = 0  # the position is given to the next write
+                    raise
+                # committed, so acknowledged; this cache reloads
+                rep.broken = f"upsert at position {expect} was not applied here: {exc}"
+                log.exception("applying position %d here failed", expect)
+        return expect
 
     def _encoded(self, tenant: str, name: str, records: list[Record]) -> tuple:
         try:
@@ -265,27 +341,6 @@ class SharedEngine:
         except Exception:
             self.local.stage_upsert(tenant, name, records)  # names what is wrong with them
             raise
-
-    def _commit_beside(self, c: Any, pipe: Any, staged: Any, position: Callable[[], int]) -> None:
-        """Write `staged` here, commit PostgreSQL's transaction, then the cache's (rolled
-        back when PostgreSQL's did not commit, or when this cache is behind: _Behind)."""
-        rep = self.replica
-        committed = False
-        try:
-            with staged.written():
-                pos = position()
-                if rep.applied != pos - 1:
-                    raise _Behind
-                rep.writing = pos
-                rep.store.commit(c, pipe)
-                committed = True
-        except Exception as exc:
-            if not committed:
-                rep.writing = 0  # the position is given to the next write
-                raise
-            # committed, so acknowledged; this cache reloads
-            rep.broken = f"upsert at position {pos} was not applied here: {exc}"
-            log.exception("applying position %d here failed", pos)
 
     def delete(
         self, tenant: str, name: str, *, ids: Sequence[str] | None = None,

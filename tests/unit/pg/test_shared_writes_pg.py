@@ -96,6 +96,18 @@ def test_a_write_after_another_servers_applies_that_first(two, db_url, caplog):
     a.replica.wait_for(6, 5.0)
     assert sorted(r.id for r in a.get(T, "docs", ["a1", "b2"])) == ["a1", "b2"]
     assert a.replica.broken is None and "reloading" not in caplog.text
+    a.upsert(T, "docs", recs(["a2"], 8))  # b's check passes on its old state: the guard
+    b.upsert(T, "docs", recs(["b3"], 8))  # fails b's COMMIT; b applies a2, sends it again
+    assert b.position() == a.replica.store.head() == 8
+    assert sorted(r.id for r in b.get(T, "docs", ["a2", "b3"])) == ["a2", "b3"]
+    a.upsert(T, "docs", recs(["same"], 8, seed=1))  # new to b, not to PostgreSQL: b's
+    mine = recs(["same"], 8, seed=2)  # plain INSERT conflicts, it applies a's, replaces it
+    b.upsert(T, "docs", mine)
+    a.replica.wait_for(b.position(), 5.0)
+    for e in (a, b):
+        (got,) = e.get(T, "docs", ["same"], include_vectors=True)
+        np.testing.assert_allclose(got.vector, mine[0].vector / np.linalg.norm(mine[0].vector),
+                                   rtol=1e-6)
 
 
 def test_wrong_input_commits_nothing_anywhere(two, db_url):
@@ -109,6 +121,10 @@ def test_wrong_input_commits_nothing_anywhere(two, db_url):
         b.upsert(T, "docs", [Record("v", None, "no vector, no chunks", {})])
     with pytest.raises(NotFound):
         a.upsert(T, "nowhere", recs(["x"], 4))
+    with pytest.raises(InvalidArgument, match="more than once"):  # PostgreSQL refuses it too
+        a.upsert(T, "docs", recs(["d", "d"], 4))
+    with pytest.raises(InvalidArgument, match="PostgreSQL refused"):  # only PostgreSQL does
+        a.upsert(T, "docs", [Record("n", np.ones(4, np.float32), "a NUL \x00 here", {})])
     assert state(db_url) == before
     assert a.get(T, "docs", ["bad"]) == [] and a.position() == before[0]
     a.upsert(T, "docs", recs(["z"], 4))  # the position given back is the next write's
