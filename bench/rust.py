@@ -7,11 +7,10 @@ Runtime (`embedder = auto`), so the G2 ratio is embedder_rs time / onnx time; to
 shown for reference (`bench/bench_embedder_rs.py` is the standalone torch-only version).
 
 Every cell is timed in two regimes, interleaved in one run so both see the same machine:
-back to back (each call starts as the last one ends, as in a loaded server, where a side
-may share the cores with the other's still-spinning pool) and idle (a 50 ms pause before
-each call, as a server between requests). The report states the CPU's vector extensions
-and the kernel embedder_rs chose; `EMBEDDER_RS_KERNEL=avx2` measures the AVX2 path on an
-AVX-512 CPU.
+back to back (each side's calls one right after the other, as in a loaded server running
+that embedder) and idle (a 50 ms pause before each call, as a server between requests).
+The report states the CPU's vector extensions and the kernel embedder_rs chose;
+`EMBEDDER_RS_KERNEL=avx2` measures the AVX2 path on an AVX-512 CPU.
 
 All three use the same number of threads: the machine's cores, or `--threads N`
 (embedder_rs through RAYON_NUM_THREADS, ONNX Runtime's intra-op pool, torch's). Run alone,
@@ -80,17 +79,28 @@ def cpu_description() -> str:
 
 def _time_cell(sides: dict, batches: list, rounds: int) -> dict[str, dict[str, float]]:
     """Seconds each side spent on `batches`, `rounds` times, in each regime. The regimes
-    alternate round by round and the order of the sides rotates batch by batch, so that
-    both regimes, and every side, meet the same machine."""
+    alternate round by round and the order of the sides rotates, so that both regimes, and
+    every side, meet the same machine. Loaded: each side runs all the batches back to back
+    as one block (a busy server runs one embedder; interleaved, a side's call met the
+    other's still-spinning pool, the other's cost, not its own); idle: the sides take turns
+    batch by batch, each call after the pause."""
     names = list(sides)
     spent = {regime: dict.fromkeys(names, 0.0) for regime, _ in REGIMES}
     for r in range(rounds):
         for regime, pause in REGIMES if r % 2 == 0 else REGIMES[::-1]:
+            if not pause:
+                k = r % len(names)
+                for name in names[k:] + names[:k]:
+                    t0 = time.perf_counter()
+                    for batch in batches:
+                        sides[name].embed(batch)
+                    spent[regime][name] += time.perf_counter() - t0
+                    time.sleep(PAUSE_S)  # the next block starts without this one's pool
+                continue
             for i, batch in enumerate(batches):
                 k = (r + i) % len(names)
                 for name in names[k:] + names[:k]:
-                    if pause:
-                        time.sleep(pause)
+                    time.sleep(pause)
                     t0 = time.perf_counter()
                     sides[name].embed(batch)
                     spent[regime][name] += time.perf_counter() - t0
@@ -218,8 +228,8 @@ def _markdown(rows: list, results: dict, rounds: int, backend: str) -> str:
     md += (
         f"\n\nRatio = embedder_rs time / canonical time on the same batches ({rounds} rounds, "
         f"order rotating, {threads} threads each), in two regimes interleaved in this run: "
-        f"loaded, each call right after the last (a busy server: a side may share the "
-        f"cores with the other's still-spinning pool), and idle, each call after a "
+        f"loaded, each side's calls back to back as one block (a busy server running that "
+        f"embedder), and idle, the sides taking turns, each call after a "
         f"{PAUSE_S * 1000:.0f} ms pause (a server between requests). Worst ratio against "
         f"the service's CPU canonical (onnx): {worst['loaded']:.2f} loaded, "
         f"{worst['idle']:.2f} idle (gate <= 1.05). CPU: {cpu}. embedder_rs {version}, "
