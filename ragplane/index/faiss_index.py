@@ -206,6 +206,7 @@ def parse_checkpoint_name(name: str) -> tuple[int, int] | None:
 
 
 def fsync_dir(directory: Path) -> None:
+    """fsync a folder (its entries), or a file."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

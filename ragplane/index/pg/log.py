@@ -116,18 +116,11 @@ class PgStore:
         """A write transaction at the next position: yields (connection, position); the
         caller changes the state tables and calls `append`. Commits on exit, unless the
         caller did (`commit`)."""
-        with self.conn() as c:
-            try:
-                cur = c.execute("BEGIN; UPDATE rp_head SET pos = pos + 1 RETURNING pos")
-                cur.nextset()  # one round trip for both; the position is the second result
-                (pos,) = cur.fetchone()
-                yield c, int(pos)
-            except BaseException:
-                with contextlib.suppress(psycopg.Error):
-                    c.execute("ROLLBACK")
-                raise
-            if c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                self.commit(c)
+        with self.conn() as c, self._transaction(c):
+            cur = c.execute("BEGIN; UPDATE rp_head SET pos = pos + 1 RETURNING pos")
+            cur.nextset()  # one round trip for both; the position is the second result
+            (pos,) = cur.fetchone()
+            yield c, int(pos)
 
     @contextlib.contextmanager
     def write_ahead(self) -> Iterator[tuple[psycopg.Connection, psycopg.Pipeline]]:
@@ -135,30 +128,32 @@ class PgStore:
         bump and what the caller executes travel in one pipeline, PostgreSQL running them
         while the caller goes on; statements name the position as rp_head's `pos`, and
         `append` returns it (after `pipe.sync()`). Commits on exit unless the caller did."""
-        with self.conn() as c:
-            try:
-                with c.pipeline() as pipe:
-                    c.execute("BEGIN")
-                    c.execute("UPDATE rp_head SET pos = pos + 1")
-                    yield c, pipe
-            except BaseException:
-                with contextlib.suppress(psycopg.Error):
-                    c.execute("ROLLBACK")
-                raise
-            if c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                self.commit(c)
+        with self.conn() as c, self._transaction(c), c.pipeline() as pipe:
+            c.execute("BEGIN")
+            c.execute("UPDATE rp_head SET pos = pos + 1")
+            yield c, pipe
 
-    def commit(self, c: psycopg.Connection, pipeline: psycopg.Pipeline | None = None) -> None:
+    @contextlib.contextmanager
+    def _transaction(self, c: psycopg.Connection) -> Iterator[None]:
+        """Rolled back when the block raises; else committed unless the block did."""
         try:
-            c.execute("COMMIT")
-            if pipeline is not None:
-                pipeline.sync()
-        except psycopg.OperationalError as exc:
-            raise Unavailable(
-                f"PostgreSQL ({self.where}) was lost while committing: the outcome is "
-                "unknown; retry: upserts by id are idempotent",
-                RETRY_AFTER,
-            ) from exc
+            yield
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                c.execute("ROLLBACK")
+            raise
+        if c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            try:
+                c.execute("COMMIT")
+            except psycopg.OperationalError as exc:
+                raise self.lost_at_commit() from exc
+
+    def lost_at_commit(self) -> Unavailable:
+        return Unavailable(
+            f"PostgreSQL ({self.where}) was lost while committing: the outcome is unknown; "
+            "retry: upserts by id are idempotent",
+            RETRY_AFTER,
+        )
 
     @staticmethod
     def append(c: psycopg.Connection, op: dict[str, Any], vectors: bytes = b"",

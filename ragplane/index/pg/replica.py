@@ -37,6 +37,7 @@ from ragplane.core.errors import (
     Unavailable,
 )
 from ragplane.index.engine import Engine
+from ragplane.index.faiss_index import fsync_dir
 from ragplane.index.pg import codec
 from ragplane.index.pg.log import Change, PgStore
 from ragplane.index.pg.reembed import stored
@@ -146,7 +147,7 @@ class Replica:
                 os.fsync(f.fileno())
         os.replace(tmp, self.dir / STATE_FILE)
         if synced:
-            _fsync_path(self.dir)
+            fsync_dir(self.dir)
         self._saved = self.applied
 
     def _load_from_tables(self) -> Engine:
@@ -205,7 +206,7 @@ class Replica:
             self.engine.close()
             with contextlib.suppress(OSError):
                 for path in self.dir.rglob("*"):  # the cache's commits reach the disk ...
-                    _fsync_path(path)
+                    fsync_dir(path)
                 self._is_open = False  # ... before replica.json calls it closed
                 self._save_state(synced=True)
         self.store.close()
@@ -408,10 +409,3 @@ def apply_op(
         else:
             raise ValueError(f"unknown operation {kind!r} in the change log")
 
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

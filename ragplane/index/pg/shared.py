@@ -30,7 +30,7 @@ from ragplane.index import catalog
 from ragplane.index.engine import Engine
 from ragplane.index.pg import codec
 from ragplane.index.pg import reembed as reembed_mod
-from ragplane.index.pg.log import RETRY_AFTER, Change
+from ragplane.index.pg.log import Change
 from ragplane.index.pg.replica import Replica
 from ragplane.index.types import (
     Chunking,
@@ -77,10 +77,10 @@ def _drain(pipe: psycopg.Pipeline) -> None:
 
 
 @contextlib.contextmanager
-def _outcome(committing: str = "") -> Iterator[None]:
+def _outcome(committing: Any = None) -> Iterator[None]:
     """Errors of a pipelined upsert: another server's write first is _Behind, input
     PostgreSQL refuses (duplicate ids, a NUL character) InvalidArgument; with the COMMIT
-    sent (`committing`: where), a lost connection leaves the outcome unknown."""
+    sent (`committing`: the PgStore), a lost connection leaves the outcome unknown."""
     try:
         yield
     except (psycopg.errors.SerializationFailure, psycopg.errors.UniqueViolation) as exc:
@@ -91,12 +91,9 @@ def _outcome(committing: str = "") -> Iterator[None]:
             f"PostgreSQL refused these items ({first}); correct the items and retry"
         ) from exc
     except psycopg.OperationalError as exc:
-        if not committing:
+        if committing is None:
             raise
-        raise Unavailable(
-            f"PostgreSQL ({committing}) was lost while committing: the outcome is unknown; "
-            "retry: upserts by id are idempotent", RETRY_AFTER,
-        ) from exc
+        raise committing.lost_at_commit() from exc
 
 
 class _NothingToLog(Exception):
@@ -321,7 +318,7 @@ class SharedEngine:
             rep.writing = expect  # its NOTIFY is no news to the follower
             committed = False
             try:
-                with staged.written(), _outcome(rep.store.where):
+                with staged.written(), _outcome(rep.store):
                     c.execute("COMMIT")  # PostgreSQL commits while the items are written here
                     pipe.sync()
                     committed = True
