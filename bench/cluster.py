@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -229,6 +230,13 @@ def catch_up(root: Path, pg: LocalPostgres, missed: int = 100_000) -> dict:
 def measure() -> dict:
     root = Path(tempfile.mkdtemp(prefix="ragplane-bench-cluster-"))
     root.chmod(0o755)  # PostgreSQL runs as its own user (we may be root): it must get in
+    try:
+        return _measure(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _measure(root: Path) -> dict:
     res: dict = {}
     with LocalPostgres(root / "pg", durable=True) as pg:
         lite = Node(root, "lite", None)

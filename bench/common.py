@@ -3,6 +3,7 @@ load generator on loopback, and percentiles."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import threading
 import time
@@ -23,6 +24,7 @@ class Server:
     """A `ragplane serve` subprocess (testkit.harness.SubprocessServer) for a benchmark."""
 
     sub: SubprocessServer
+    scratch: Path | None = None  # a temporary folder of its own, removed by stop()
 
     @property
     def port(self) -> int:
@@ -44,15 +46,18 @@ class Server:
 
     def stop(self) -> None:
         self.sub.terminate(timeout=120)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def start_server(*settings: str, data_dir: Path | None = None, timeout: float = 300.0) -> Server:
     """`ragplane serve` on 127.0.0.1, port 0, with `--set` settings (FIELD=VALUE)."""
-    data_dir = data_dir or Path(tempfile.mkdtemp(prefix="ragplane-bench-")) / "data"
+    scratch = None if data_dir else Path(tempfile.mkdtemp(prefix="ragplane-bench-"))
+    data_dir = data_dir or scratch / "data"
     extra = [a for s in settings for a in ("--set", s)]
     sub = SubprocessServer(data_dir, *extra)
     sub.start(timeout=timeout)
-    return Server(sub)
+    return Server(sub, scratch)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,10 @@ one FAISS call per request (coalescing off), beside raw in-process FAISS."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -31,8 +34,9 @@ def run(n_items: int = N_ITEMS) -> tuple[dict, str]:
     raw_qps = 64 / (time.perf_counter() - t0)
     results = {"items": n_items, "raw_faiss_single_qps": raw_qps}
     rows = []
-    srv = start_server("embedder=fake", "koder_toml=")
-    data_dir = srv.data_dir
+    # one data directory for the three servers below (start_server removes its own)
+    data_dir = Path(tempfile.mkdtemp(prefix="ragplane-bench-search-")) / "data"
+    srv = start_server("embedder=fake", "koder_toml=", data_dir=data_dir)
     try:
         ch = srv.channel()
         index = index_pb2_grpc.IndexServiceStub(ch)
@@ -81,6 +85,7 @@ def run(n_items: int = N_ITEMS) -> tuple[dict, str]:
                 )
         finally:
             srv.stop()
+    shutil.rmtree(data_dir.parent, ignore_errors=True)
     for c in (1, 8, 32):
         a, b = results[f"coalesced/c{c}"]["qps"], results[f"one call per request/c{c}"]["qps"]
         results[f"speedup/c{c}"] = a / b
