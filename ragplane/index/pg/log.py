@@ -126,8 +126,8 @@ class PgStore:
     def write_ahead(self) -> Iterator[tuple[psycopg.Connection, psycopg.Pipeline]]:
         """`write` whose statements go out before its position is known: BEGIN, the head's
         bump and what the caller executes travel in one pipeline, PostgreSQL running them
-        while the caller goes on; statements name the position as rp_head's `pos`, and
-        `append` returns it (after `pipe.sync()`). Commits on exit unless the caller did."""
+        while the caller goes on; statements name the position as rp_head's `pos` (as
+        `append` does without one). Commits on exit unless the caller did."""
         with self.conn() as c, self._transaction(c), c.pipeline() as pipe:
             c.execute("BEGIN")
             c.execute("UPDATE rp_head SET pos = pos + 1")
@@ -157,27 +157,23 @@ class PgStore:
 
     @staticmethod
     def append(c: psycopg.Connection, op: dict[str, Any], vectors: bytes = b"",
-               pos: int | None = None) -> psycopg.Cursor:
+               pos: int | None = None) -> None:
         """Log `op` at the write's position (`pos`, or when it is not known yet, the head
-        the write bumped: the cursor returns it)."""
+        the write bumped)."""
         if pos is not None:
-            return c.execute(
+            c.execute(
                 "WITH n AS (SELECT pg_notify(%s, %s)) INSERT INTO rp_changes "
                 "(pos, op, vectors, at) SELECT %s, %s, %s, clock_timestamp() FROM n",
                 (CHANNEL, str(pos), pos, Jsonb(op), vectors or None),
             )
+            return
         # two statements: pg_notify of the head in the INSERT's CTE costs ~5 ms (measured)
         c.execute("SELECT pg_notify(%s, pos::text) FROM rp_head", (CHANNEL,))
-        return c.execute(
+        c.execute(
             "INSERT INTO rp_changes (pos, op, vectors, at) "
-            "SELECT pos, %s, %s, clock_timestamp() FROM rp_head RETURNING pos",
+            "SELECT pos, %s, %s, clock_timestamp() FROM rp_head",
             (Jsonb(op), vectors or None),
         )
-
-    @staticmethod
-    def relog(c: psycopg.Connection, pos: int, op: dict[str, Any]) -> None:
-        """Correct the operation logged at `pos` (in its own transaction)."""
-        c.execute("UPDATE rp_changes SET op = %s WHERE pos = %s", (Jsonb(op), pos))
 
     # ------------------------------------------------------------------ reads
 

@@ -408,4 +408,3 @@ def apply_op(
             )
         else:
             raise ValueError(f"unknown operation {kind!r} in the change log")
-
