@@ -10,7 +10,9 @@ Every cell is timed in two regimes, interleaved in one run so both see the same 
 back to back (each side's calls one right after the other, as in a loaded server running
 that embedder) and idle (a 50 ms pause before each call, as a server between requests).
 The report states the CPU's vector extensions and the kernel embedder_rs chose;
-`EMBEDDER_RS_KERNEL=avx2` measures the AVX2 path on an AVX-512 CPU.
+`EMBEDDER_RS_KERNEL=avx2` measures embedder_rs's AVX2 path on an AVX-512 CPU (against ONNX
+Runtime's AVX-512 kernels); `python -m bench.avx2_only python -m bench.rust` measures both
+sides as on a CPU without AVX-512.
 
 All three use the same number of threads: the machine's cores, or `--threads N`
 (embedder_rs through RAYON_NUM_THREADS, ONNX Runtime's intra-op pool, torch's). Run alone,
@@ -31,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import avx2_only
 from bench.markdown import table
 from ragplane.server.shadow.hardware import cpu_info
 
@@ -190,6 +193,9 @@ def run(
         )
     )
     cpu = cpu_description()
+    emulated = avx2_only.describe()
+    if emulated:
+        cpu = f"{cpu}; {emulated}"
     results: dict = {
         "min_cosine_rust_vs_onnx": agree,
         "threads": threads,
