@@ -18,7 +18,14 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+# on the way out (an error above too): no build left running, nothing left behind
+cleanup() {
+  local running
+  running=$(jobs -p)
+  [ -z "$running" ] || kill $running 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
 
 (
   bash scripts/install_vulkan.sh || echo "note: software Vulkan not installed; wgpu tests will skip"
