@@ -29,20 +29,22 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ragplane.server.shadow.hardware import cpu_info
+
 SOURCE = Path(__file__).with_suffix(".c")
+
+
+def _compiler() -> str | None:
+    return shutil.which("cc") or shutil.which("gcc")
 
 
 def unsupported() -> str | None:
     """Why this machine cannot run a command this way, or None."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"needs Linux on x86-64 (this is {sys.platform} {platform.machine()})"
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError as exc:
-        return f"cannot read /proc/cpuinfo ({exc})"
-    if "cpuid_fault" not in cpuinfo.split():
+    if "cpuid_fault" not in cpu_info()[1]:
         return "the CPU (or its hypervisor) offers no CPUID faulting (no cpuid_fault flag)"
-    if not (shutil.which("cc") or shutil.which("gcc")):
+    if not _compiler():
         return "no C compiler (cc) to build the CPUID shim"
     return None
 
@@ -53,7 +55,7 @@ def library() -> Path:
     digest = hashlib.sha256(source).hexdigest()[:12]
     out = Path(tempfile.gettempdir()) / f"ragplane-avx2-only-{digest}.so"
     if not out.exists():
-        cc = shutil.which("cc") or shutil.which("gcc") or "cc"
+        cc = _compiler() or "cc"
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
         subprocess.run(
             [cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-ldl"], check=True
@@ -65,9 +67,9 @@ def library() -> Path:
 def answered() -> int | None:
     """CPUID instructions the shim has answered in this process, or None when the process
     does not run with it."""
+    process = ctypes.CDLL(None)
     try:
-        fn = ctypes.CDLL(None).ragplane_avx2_only_answered
-        active = ctypes.CDLL(None).ragplane_avx2_only_active
+        fn, active = process.ragplane_avx2_only_answered, process.ragplane_avx2_only_active
     except AttributeError:
         return None
     fn.restype = ctypes.c_uint64

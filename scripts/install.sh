@@ -5,7 +5,7 @@
 #
 # The three are slow in different ways and run side by side: the system packages and the
 # Python packages mostly wait on downloads and disks (a fresh machine's pip install left
-# half of 2 cores idle for ~8 minutes), the Rust build keeps the cores busy. embedder_rs is
+# about half of 2 cores idle for ~4 minutes), the Rust build keeps the cores busy. embedder_rs is
 # built into a wheel beside them and installed (without dependencies: numpy, its only one,
 # comes with the service) once both are done.
 set -euo pipefail

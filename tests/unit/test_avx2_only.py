@@ -12,9 +12,8 @@ import pytest
 
 from bench import avx2_only
 
-pytestmark = pytest.mark.skipif(
-    avx2_only.unsupported() is not None, reason=f"bench.avx2_only: {avx2_only.unsupported()}"
-)
+UNSUPPORTED = avx2_only.unsupported()
+pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=f"bench.avx2_only: {UNSUPPORTED}")
 
 # numpy dispatches at run time from CPUID, as ONNX Runtime's MLAS and embedder_rs do
 FEATURES = (
