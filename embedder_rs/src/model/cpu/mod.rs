@@ -123,14 +123,19 @@ struct Buffers {
     intermediate: Vec<f32>,
 }
 
-/// Batches of up to this many tokens run in one buffer set that is allocated, and written
-/// once, at load (about 31 MB for MiniLM) and kept. Fresh buffers of a few MB are mmaps
-/// whose pages the kernel zeroes on first touch: ~5% of a one-passage call. Touching them
-/// at load puts the memory in the process's RSS from the start instead of at the first
-/// batch of some size (a long run's RSS stays flat after load). Larger batches, and a
-/// second caller at the same moment, allocate their own per call: there that cost is small
-/// beside the compute, and one rare large batch does not pin its memory for the life of the
-/// process.
+/// A batch runs in groups of whole sequences of up to this many tokens, each through one
+/// buffer set that is allocated, and written, once at load (about 31 MB for MiniLM) and
+/// kept. Fresh buffers of a few MB are mmaps whose pages the kernel zeroes on first touch:
+/// ~5% of a one-passage call. Touching them at load puts the memory in the process's RSS
+/// from the start instead of at the first batch of some size (a long run's RSS stays flat
+/// after load). Until 0.9.0 a larger batch allocated a set of its own per call (32
+/// passages: ~110 MB); such a call right after another library's large one took up to
+/// ~1.3x its time, its helper thread off the CPU, neither running nor waiting to run, for
+/// ~300 ms of it (schedstat): blocked in the kernel, most likely faulting in the fresh
+/// pages (this host compacts memory for huge pages on a fault). Groups give
+/// the same numbers bit for bit (every row's products, a sequence's attention and its
+/// pooling are its own) and a batch's memory no longer grows with its size. A second
+/// caller at the same moment allocates a set of its own for its call.
 const KEPT_TOKENS: usize = 2048;
 
 impl Buffers {
@@ -184,6 +189,34 @@ impl HostBert {
     /// table (the tokenizer truncates to `max_seq_length`, which is).
     pub fn embed(&self, batch: &Packed<'_>, normalize: bool) -> Vec<f32> {
         let (h, tokens) = (self.h, batch.ids.len());
+        // the QKV product of this batch is split across workers (see packed::SERIAL_FMAS)
+        let splits = tokens * h * 3 * h >= packed::SERIAL_FMAS;
+        with_team(splits, || {
+            let mut pooled = Vec::with_capacity(batch.spans.len() * h);
+            let mut rebased = Vec::new();
+            for group in groups(batch.spans, KEPT_TOKENS) {
+                let spans = &batch.spans[group];
+                let start = spans[0].0;
+                let end = spans.last().map_or(start, |&(first, len)| first + len);
+                rebased.clear();
+                rebased.extend(spans.iter().map(|&(first, len)| (first - start, len)));
+                pooled.extend(self.embed_group(
+                    &Packed {
+                        ids: &batch.ids[start..end],
+                        type_ids: &batch.type_ids[start..end],
+                        spans: &rebased,
+                    },
+                    normalize,
+                ));
+            }
+            pooled
+        })
+    }
+
+    /// [`Self::embed`] for one group of whole sequences, in the kept buffer set when it
+    /// is free and large enough.
+    fn embed_group(&self, batch: &Packed<'_>, normalize: bool) -> Vec<f32> {
+        let (h, tokens) = (self.h, batch.ids.len());
         let kept = if tokens <= KEPT_TOKENS {
             self.kept().take()
         } else {
@@ -192,15 +225,11 @@ impl HostBert {
         let is_kept = kept.is_some();
         let mut buf = kept.unwrap_or_default();
         buf.fit(tokens, h, self.intermediate);
-        // the QKV product of this batch is split across workers (see packed::SERIAL_FMAS)
-        let splits = tokens * h * 3 * h >= packed::SERIAL_FMAS;
-        let pooled = with_team(splits, || {
-            self.embeddings(batch, &mut buf.hidden);
-            for layer in &self.layers {
-                self.layer(layer, batch.spans, &mut buf);
-            }
-            pool(&buf.hidden, h, batch.spans, normalize)
-        });
+        self.embeddings(batch, &mut buf.hidden);
+        for layer in &self.layers {
+            self.layer(layer, batch.spans, &mut buf);
+        }
+        let pooled = pool(&buf.hidden, h, batch.spans, normalize);
         if is_kept {
             *self.kept() = Some(buf);
         }
@@ -255,6 +284,24 @@ impl HostBert {
             .forward(&buf.intermediate, tokens, &mut buf.hidden, Epilogue::Bias);
         add_layer_norm(&mut buf.hidden, &buf.attended, &l.norm);
     }
+}
+
+/// `spans` (in order) cut into runs of whole spans of at most `limit` tokens each, from
+/// the first span's first token to the last one's end (a span longer than `limit` is a run
+/// of its own); none for no spans.
+fn groups(spans: &[(usize, usize)], limit: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for (i, &(first, len)) in spans.iter().enumerate() {
+        if i > start && first + len - spans[start].0 > limit {
+            out.push(start..i);
+            start = i;
+        }
+    }
+    if start < spans.len() {
+        out.push(start..spans.len());
+    }
+    out
 }
 
 /// Mean of each span's rows of `hidden` (`[tokens, h]`) -> `[spans, h]`, L2-normalised
@@ -453,20 +500,38 @@ mod tests {
         embed_texts(&used, &long);
         assert!(used.kept().is_some(), "the kept set is back after a call");
         assert_eq!(embed_texts(&used, &short), embed_texts(&fresh, &short));
-        // over KEPT_TOKENS: a set of its own, and the kept one stays as it was
+        // over KEPT_TOKENS: in groups through the kept set, which does not grow; every
+        // text's embedding is the one it gets alone, bit for bit, across the groups' seams
         let many: Vec<Vec<u32>> = (0..KEPT_TOKENS / 20 + 5)
             .map(|s| long[s % 6].clone())
             .collect();
         let out = embed_texts(&used, &many);
         assert_eq!(out.len(), many.len() * config.hidden_size);
-        assert_eq!(
-            out[..long.len() * config.hidden_size],
-            embed_texts(&fresh, &long)[..]
-        );
+        let alone = embed_texts(&fresh, &long);
+        for (t, row) in out.chunks_exact(config.hidden_size).enumerate() {
+            let s = t % 6;
+            assert_eq!(
+                row,
+                &alone[s * config.hidden_size..(s + 1) * config.hidden_size],
+                "text {t}"
+            );
+        }
         assert_eq!(
             used.kept().as_ref().map(|b| b.hidden.capacity()),
             Some(KEPT_TOKENS * config.hidden_size)
         );
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Runs of whole spans within the limit, measured from a run's first token to its last
+    /// one's end; a span over the limit runs alone; nothing for nothing.
+    #[test]
+    fn groups_cut_between_whole_spans() {
+        let spans = [(0, 3), (3, 4), (7, 2), (9, 6), (15, 1)];
+        assert_eq!(groups(&spans, 9), vec![0..3, 3..5]);
+        assert_eq!(groups(&spans, 16), vec![0..5]);
+        assert_eq!(groups(&spans, 5), vec![0..1, 1..2, 2..3, 3..4, 4..5]);
+        assert_eq!(groups(&[(0, 40), (40, 2)], 8), vec![0..1, 1..2]);
+        assert!(groups(&[], 8).is_empty());
     }
 }
