@@ -8,6 +8,11 @@ use tokenizers::{Encoding, Tokenizer, TruncationDirection, TruncationParams, Tru
 
 use crate::error::{EmbedderError, Result};
 
+/// Fewer texts than this are tokenized on the calling thread (~0.3 ms a 250-token passage):
+/// `encode_batch` hands even one text to a worker of rayon's pool and waits for it, a
+/// wake-up each way, and the worker then spins idle beside the forward pass.
+const PARALLEL_FROM_TEXTS: usize = 4;
+
 /// A `tokenizer.json` with truncation forced to the model's `max_seq_length`.
 pub struct TextTokenizer {
     inner: Tokenizer,
@@ -63,11 +68,15 @@ impl TextTokenizer {
         self.max_seq_length
     }
 
-    /// Encodes every text (with `[CLS]`/`[SEP]`, truncated, unpadded), in parallel.
+    /// Encodes every text (with `[CLS]`/`[SEP]`, truncated, unpadded): in parallel on
+    /// rayon's pool from [`PARALLEL_FROM_TEXTS`] texts, on the calling thread below that.
     pub fn encode(&self, texts: &[&str]) -> Result<Vec<Encoding>> {
-        self.inner
-            .encode_batch(texts.to_vec(), true)
-            .map_err(|e| EmbedderError::Tokenizer(e.to_string()))
+        let encoded = if texts.len() < PARALLEL_FROM_TEXTS {
+            texts.iter().map(|&t| self.inner.encode(t, true)).collect()
+        } else {
+            self.inner.encode_batch(texts.to_vec(), true)
+        };
+        encoded.map_err(|e| EmbedderError::Tokenizer(e.to_string()))
     }
 
     /// Token counts after truncation, special tokens included.
