@@ -1,5 +1,6 @@
-//! The threads of one call: the calling thread and rayon's other workers, spinning
-//! between ops, each op's tasks claimed from a counter.
+//! The threads of one call: the calling thread and `threads - 1` helpers (the workers of
+//! a pool of their own, [`HELPERS`]), spinning between ops, each op's tasks claimed from a
+//! counter.
 //!
 //! Before this, a call ran on one of rayon's workers while the calling (Python) thread
 //! slept, and that worker woke a second one. Measured per thread on 2 cores (schedstat),
