@@ -59,7 +59,7 @@ thread_local! {
 }
 
 /// The helpers' own pool: `threads - 1` workers, beside rayon's global pool of `threads`
-/// (whose size sets the team's). Through 0.10.0 helpers were jobs on the global pool, and
+/// (whose size sets the team's). Through 0.9.0 helpers were jobs on the global pool, and
 /// with calls back to back a second worker woke for a helper job that the first, still
 /// idle from the last call, took: it spun beside the call. schedstat, 32 ~170-token
 /// passages back to back on 2 cores: a third thread ran 55-133 ms and waited ~500 ms
@@ -168,8 +168,8 @@ impl Shared {
 }
 
 /// Runs `f` on the calling thread with `threads - 1` helpers (`threads`: rayon's global
-/// pool size; the helpers are the workers of their own pool, [`HELPERS`]), when `wanted`: every [`claim_tasks`] inside `f` on this thread is
-/// shared with them. Helpers spin between ops (a call's ops follow each other within
+/// pool size; the helpers are the workers of their own pool, [`HELPERS`]), when `wanted`:
+/// every [`claim_tasks`] inside `f` on this thread is shared with them. Helpers spin between ops (a call's ops follow each other within
 /// microseconds) and leave when `f` returns; one that starts only after that leaves at once,
 /// and the caller does not wait for it.
 pub(crate) fn with_team<R>(wanted: bool, f: impl FnOnce() -> R) -> R {
