@@ -1,8 +1,11 @@
 """Search groups, as Qdrant's search groups: the best hits grouped by a metadata field.
 
-Groups are cut from one ranking of items, read deeper until `limit` groups of `size` hits
-are full or the ranking runs out (or reaches MAX_TOP_K items). A group ranks by its best
-hit; items without the field (or with a non-scalar value there) belong to no group.
+Groups are cut from one ranking of items: a group ranks by its best hit, the first `limit`
+groups are returned, and each holds its best min(`size`, its matching items) hits, exactly
+the groups cut from the whole ranking. The ranking is read deeper until those first `limit`
+groups are all full or the ranking runs out (or reaches MAX_TOP_K items: a group whose
+members rank deeper than that comes back short). Items without the field (or with a
+non-scalar value there) belong to no group.
 """
 
 from __future__ import annotations
@@ -53,19 +56,35 @@ def search_groups(
     k = min(MAX_TOP_K, limit * size * 2)
     while True:
         res = run(k)
-        groups: dict[Any, list] = {}
-        for h in res.hits:
-            key = _value(h.metadata, field)
-            if key is _MISSING:
-                continue
-            members = groups.setdefault((type(key).__name__, key), [])
-            if len(members) < size:
-                members.append(h if include_metadata else replace(h, metadata={}))
-        full = sum(1 for m in groups.values() if len(m) == size)
-        if full >= limit or res.returned_k < k or k >= MAX_TOP_K:
+        chosen = _cut(res.hits, field, size, limit)
+        # a prefix of the ranking names the first `limit` groups in their final order (a
+        # group ranks by its first hit); only their members can still lie deeper
+        done = len(chosen) == limit and all(len(m) == size for _, m in chosen)
+        if done or res.returned_k < k or k >= MAX_TOP_K:
             break
         k = min(MAX_TOP_K, k * 4)
-    chosen = list(groups.items())[:limit]  # insertion order: by each group's best hit
-    out = [HitGroup(key=key[1], hits=tuple(members)) for key, members in chosen]
+    out = [
+        HitGroup(key=key[1], hits=tuple(h if include_metadata else replace(h, metadata={})
+                                        for h in members))
+        for key, members in chosen
+    ]
     return SearchResult(hits=(), returned_k=sum(len(g.hits) for g in out),
                         exhaustive=res.exhaustive, groups=out)
+
+
+def _cut(hits: Any, field: str, size: int, limit: int) -> list[tuple[Any, list]]:
+    """The first `limit` groups of a ranking (by their best hit), each with its first `size`
+    hits."""
+    groups: dict[Any, list] = {}
+    for h in hits:
+        key = _value(h.metadata, field)
+        if key is _MISSING:
+            continue
+        members = groups.get((type(key).__name__, key))
+        if members is None:
+            if len(groups) == limit:
+                continue  # a group after the first `limit`: never returned
+            members = groups[(type(key).__name__, key)] = []
+        if len(members) < size:
+            members.append(h)
+    return list(groups.items())

@@ -163,6 +163,51 @@ def test_search_groups_by_a_metadata_field(docs):
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "group_by" in details
 
 
+def _deep_group_items():
+    """45 items holding 'zebra' (from 50 times down to 6 in 60 words, so the dense, lexical
+    and hybrid rankings of 'zebra' all follow that order) in groups by rank: a at ranks 0,
+    40 and 41, b at 1-3, then groups of three; 50 items without it, and so without a group."""
+    ranks = {0: "a", 40: "a", 41: "a"}
+    others = [i for i in range(45) if i not in ranks]
+    for n, i in enumerate(others):
+        ranks[i] = "b" if n < 3 else f"g{(n - 3) // 3}"
+    items = [item(f"z{i:02d}", " ".join(["zebra"] * (50 - i) + ["pad"] * (10 + i)),
+                  src=ranks[i]) for i in range(45)]
+    return items + [item(f"p{i:02d}", " ".join(["pad"] * 60)) for i in range(50)]
+
+
+def _cut_groups(hits, field, size, limit):
+    """Groups cut from a ranking by hand: the first `limit` keys, each with its first
+    `size` hits."""
+    out: dict = {}
+    for h in hits:
+        key = h.metadata.fields[field].string_value if field in h.metadata.fields else None
+        if key is None or (key not in out and len(out) == limit):
+            continue
+        members = out.setdefault(key, [])
+        if len(members) < size:
+            members.append(h.id)
+    return list(out.items())
+
+
+@pytest.mark.parametrize("mode", [DENSE, LEXICAL, HYBRID])
+def test_groups_equal_those_cut_from_the_whole_ranking(docs, mode):
+    upsert(docs, *_deep_group_items())
+    whole = search(docs, "zebra", mode, top_k=200, include_metadata=True).hits
+    assert len(whole) >= 45
+    expected = _cut_groups(whole, "src", 3, 2)
+    assert expected[0] == ("a", ["z00", "z40", "z41"])  # a's later hits rank past 2 x 3 x 2
+    assert [h.id for h in whole].index("z40") > 2 * 3 * 2
+    res = search(docs, "zebra", mode, top_k=10, group_by="src", group_size=3, group_limit=2)
+    got = [(g.key.string_value, [h.id for h in g.hits]) for g in res.groups]
+    assert got == expected and res.returned_k == 6
+    # a group with fewer matching items than the size holds them all, the rest are full
+    res = search(docs, "zebra", mode, top_k=10, group_by="src", group_size=4, group_limit=3)
+    got = [(g.key.string_value, [h.id for h in g.hits]) for g in res.groups]
+    assert got == _cut_groups(whole, "src", 4, 3)
+    assert [len(m) for _, m in got] == [3, 3, 3]
+
+
 def test_chunking_off_embeds_truncated_and_says_how_many(server):
     server.stubs.index.CreateCollection(index_pb2.CreateCollectionRequest(
         name="flat", chunking=index_pb2.Chunking(enabled=False)))
