@@ -132,7 +132,7 @@ def test_unreachable_server_and_unknown_options_read_well(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "hello"}\n')
     out = CliRunner().invoke(app, ["ingest", str(tmp_path / "a.jsonl"), "-c", "x",
                                    "--addr", "127.0.0.1:1", "--timeout", "3"])
-    assert out.exit_code == 1 and "cannot reach ragplane" in out.output
+    assert out.exit_code == 2 and "cannot reach ragplane" in out.output
     out = CliRunner().invoke(app, ["ingest", str(tmp_path / "a.jsonl"), "-c", "x",
                                    "--on-bad-row", "ignore", "--addr", "127.0.0.1:1"])
     assert out.exit_code == 2 and "use skip or fail" in out.output

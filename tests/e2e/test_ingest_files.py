@@ -8,10 +8,14 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import socket
 
+import grpc
 import pytest
 from fpdf import FPDF
 
+from ragplane.server.bulk.files import Doc
+from ragplane.server.cli.ingest import GrpcDocWriter
 from ragplane.v1 import index_pb2, search_pb2
 
 from .test_ingest import flat, invoke
@@ -129,6 +133,82 @@ def test_a_folder_of_row_files_stays_rows_and_docs_needs_one_directory(server, t
     got = server.stubs.index.Get(index_pb2.GetRequest(collection="docs-of-mixed",
                                                       ids=["readme.md", "a.jsonl"]))
     assert [it.id for it in got.items] == ["readme.md"]
+
+
+class _Late(grpc.RpcError):
+    """What a call past its deadline raises."""
+
+    def code(self):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self):
+        return "Deadline Exceeded"
+
+    def trailing_metadata(self):
+        return ()
+
+
+def test_a_batch_past_its_deadline_fails_only_its_files_with_exit_1(
+        server, tmp_path, monkeypatch):
+    """Every upsert holding slow.md times out: its batch goes again file by file, the other
+    files are written, slow.md is named, and the exit code says some files failed."""
+    d = tmp_path / "docs"
+    d.mkdir()
+    for i in range(5):
+        (d / f"n{i}.md").write_text(f"# Note {i}\n\nsome words about note {i}\n")
+    (d / "slow.md").write_text("# Slow\n\nthis one never gets an answer in time\n")
+    real = GrpcDocWriter.__init__
+    deadlines: list[float] = []
+
+    def wrapped(self, *a, **kw):
+        real(self, *a, **kw)
+        upsert = self.index.Upsert
+
+        def late_for_slow(request, timeout, metadata):
+            deadlines.append(timeout)
+            if any(it.id == "slow.md" for it in request.items):
+                raise _Late()
+            return upsert(request, timeout=timeout, metadata=metadata)
+
+        self.index.Upsert = late_for_slow
+
+    monkeypatch.setattr(GrpcDocWriter, "__init__", wrapped)
+    out = invoke(server.port, str(d), "-c", "kb", "--create", "--timeout", "5")
+    assert out.exit_code == 1, out.output
+    text = flat(out.output)
+    assert "failed slow.md: not written: no answer within 5 s" in text
+    assert "1 of 6 files failed" in text
+    assert counts(text)["new"] == 5 and counts(text)["failed"] == 1
+    got = server.stubs.index.Get(index_pb2.GetRequest(
+        collection="kb", ids=[f"n{i}.md" for i in range(5)] + ["slow.md"]))
+    assert sorted(it.id for it in got.items) == [f"n{i}.md" for i in range(5)]
+    assert len(deadlines) == 1 + 6 and all(t >= 5 for t in deadlines)  # batch, then each
+
+
+def test_exit_2_when_the_run_itself_fails(server, tmp_path):
+    d = tmp_path / "docs"
+    d.mkdir()
+    (d / "a.md").write_text("# A\n\nalpha\n")
+    out = invoke(server.port, str(d), "-c", "missing")  # no --create
+    assert out.exit_code == 2 and "does not exist" in flat(out.output)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = invoke(port, str(d), "-c", "kb", "--create")
+    assert out.exit_code == 2 and "UNAVAILABLE" in flat(out.output)
+
+
+def test_a_sized_deadline_grows_with_the_text():
+    class Conn:
+        timeout, metadata = 60.0, []
+
+    writer = GrpcDocWriter.__new__(GrpcDocWriter)
+    writer.conn, writer.collection, writer.seconds_per_mib = Conn(), "kb", 240.0
+    seen = []
+    writer.index = type("S", (), {"Upsert": staticmethod(
+        lambda request, timeout, metadata: seen.append(timeout) or index_pb2.UpsertResponse())})
+    writer.upsert([Doc(id="big.txt", text="x" * (4 << 20))])
+    assert seen == [60.0 + 4 * 240.0]
 
 
 @pytest.mark.ray

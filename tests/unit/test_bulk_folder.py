@@ -11,7 +11,13 @@ import pytest
 from ragplane.core.errors import InvalidArgument
 from ragplane.server.bulk import files
 from ragplane.server.bulk.files import Doc
-from ragplane.server.bulk.folder import DocSink, FolderOptions, FolderSummary, ingest_folder
+from ragplane.server.bulk.folder import (
+    BatchFailed,
+    DocSink,
+    FolderOptions,
+    FolderSummary,
+    ingest_folder,
+)
 
 
 class MemoryWriter:
@@ -27,6 +33,8 @@ class MemoryWriter:
     def upsert(self, docs: list[Doc]) -> int:
         if any("REFUSE" in d.text for d in docs):
             raise InvalidArgument("text too long")
+        if any("SLOW" in d.text for d in docs):  # a batch holding it times out
+            raise BatchFailed("no answer within 60 s")
         self.requests.append([d.id for d in docs])
         self.items.update({d.id: d for d in docs})
         return 2 * len(docs)
@@ -79,6 +87,48 @@ def test_a_refused_document_is_failed_with_the_reason_and_the_rest_are_written()
         ("d1.txt", "refused by the server: text too long"),
     ]
     assert (s.files, s.new, len(s.failed)) == (5, 3, 2)
+
+
+class LateWriter(MemoryWriter):
+    """Commits a batch, then loses the answer (a deadline passed as the server committed)."""
+
+    def upsert(self, docs: list[Doc]) -> int:
+        super().upsert(docs)
+        if len(docs) > 1:
+            raise BatchFailed("no answer within 60 s")
+        return 2
+
+
+def test_a_failed_batch_is_retried_per_file_and_the_rest_of_the_folder_goes_on():
+    writer = MemoryWriter()
+    seen: list[tuple[int, int]] = []
+    summary = FolderSummary()
+    sink = DocSink(writer, FolderOptions(batch_docs=3), summary,
+                   lambda s: seen.append((s.settled, s.settled_bytes)))
+    docs = [doc(0), doc(1, "SLOW one"), doc(2), doc(3), doc(4), doc(5, "SLOW two"), doc(6)]
+    for d in docs:
+        sink.add(d)
+    sink.flush()
+    # the failed batches [0, 1, 2] and [3, 4, 5] went again one document at a time
+    assert writer.requests == [["d0.txt"], ["d2.txt"], ["d3.txt"], ["d4.txt"], ["d6.txt"]]
+    assert sorted(writer.items) == ["d0.txt", "d2.txt", "d3.txt", "d4.txt", "d6.txt"]
+    assert [(d.id, d.error) for d in summary.failed] == [
+        ("d1.txt", "not written: no answer within 60 s"),
+        ("d5.txt", "not written: no answer within 60 s"),
+    ]
+    assert (summary.files, summary.new, summary.chunks, summary.settled) == (7, 5, 10, 7)
+    assert summary.settled_bytes == sum(d.size for d in docs)
+    # progress counts documents settled, never the files only read ahead
+    assert seen[-1] == (7, summary.settled_bytes)
+    assert all(a <= b for a, b in zip(seen, seen[1:], strict=False))
+    assert max(n for n, _ in seen[:3]) == 0  # three files read, none written yet
+
+
+def test_a_batch_committed_after_its_deadline_is_not_sent_again():
+    writer = LateWriter()
+    s = run(writer, [doc(i) for i in range(3)])
+    assert writer.requests == [["d0.txt", "d1.txt", "d2.txt"]]  # found stored: not resent
+    assert (s.new, len(s.failed), s.settled) == (3, 0, 3)
 
 
 def test_options_are_checked():

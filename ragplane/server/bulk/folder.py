@@ -10,7 +10,14 @@ by id, so a re-run, or a run after one killed at any moment, ends with the folde
 current content and never with two copies of a file.
 
 A file that cannot be read, or that the server refuses (INVALID_ARGUMENT, found by halving
-its batch), is reported with its path and reason; the rest go on.
+its batch), is reported with its path and reason; the rest go on. So is a file whose batch
+could not be written (`BatchFailed`: no answer within the deadline sized to its bytes, a
+server error): the batch is retried once document by document (those the server committed
+meanwhile are not sent again), and the documents that fail again are reported.
+
+Progress counts documents settled (written, skipped unchanged or failed), the chunks the
+server wrote and the bytes of those documents, so a caller can show a rate and an ETA by
+the work done rather than by the files read ahead.
 """
 
 from __future__ import annotations
@@ -27,9 +34,16 @@ from ragplane.server.bulk.files import Doc
 from ragplane.server.bulk.pipeline import prefetch
 
 BATCH_DOCS = 32
-# A request's texts, in UTF-8 bytes: room for two documents of the largest size, and well
-# under the server's 64 MiB message limit.
-BATCH_BYTES = 8 << 20
+# A request's texts, in UTF-8 bytes. The server chunks and embeds them within the call, so
+# a batch is as much work as its bytes: a small one keeps each call's deadline short and
+# the progress fine-grained. A larger document goes alone.
+BATCH_BYTES = 1 << 20
+
+
+class BatchFailed(Exception):
+    """A batch could not be written, for a reason that concerns that batch (no answer
+    within its deadline, a server error): retried document by document, then reported.
+    What ends the whole run (the server unreachable, the key refused) is not this."""
 
 
 class DocWriter(Protocol):
@@ -39,7 +53,7 @@ class DocWriter(Protocol):
 
     def upsert(self, docs: list[Doc]) -> int:
         """Write `docs` as text items (ids unique); the chunks written. InvalidArgument when
-        the server refuses them."""
+        the server refuses them, BatchFailed when they could not be written."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,12 @@ class FolderSummary:
     chunks: int = 0  # the server's count of chunks written
     bytes: int = 0  # of the files read
     seconds: float = 0.0
+    settled_bytes: int = 0  # of the files written, skipped or failed
+
+    @property
+    def settled(self) -> int:
+        """Documents written, skipped unchanged or failed: the progress made."""
+        return self.new + self.replaced + self.unchanged + len(self.failed)
 
 
 Progress = Callable[[FolderSummary], None]
@@ -86,7 +106,7 @@ class DocSink:
         self.summary.files += 1
         self.summary.bytes += doc.size
         if doc.error:
-            self.summary.failed.append(doc)
+            self._failed(doc)
         else:
             size = len(doc.text.encode("utf-8"))
             full = len(self.batch) >= self.options.batch_docs
@@ -103,36 +123,66 @@ class DocSink:
         stored = self.writer.stored([d.id for d in batch])
         todo = [d for d in batch if stored.get(d.id) != d.sha256]
         self.summary.unchanged += len(batch) - len(todo)
-        self._upsert(todo, set(stored))
+        self.summary.settled_bytes += sum(d.size for d in batch if d not in todo)
+        self._upsert(todo, set(stored), retry=True)
         self.progress(self.summary)
 
-    def _upsert(self, docs: list[Doc], stored: set[str]) -> None:
+    def _failed(self, doc: Doc) -> None:
+        self.summary.failed.append(doc)
+        self.summary.settled_bytes += doc.size
+
+    def _upsert(self, docs: list[Doc], stored: set[str], retry: bool) -> None:
         if not docs:
             return
         try:
             chunks = self.writer.upsert(docs)
         except InvalidArgument as exc:
             if len(docs) == 1:
-                self.summary.failed.append(replace(docs[0], error=f"refused by the server: {exc}"))
+                self._failed(replace(docs[0], error=f"refused by the server: {exc}"))
                 return
             mid = len(docs) // 2  # find the refused documents; the rest are written
-            self._upsert(docs[:mid], stored)
-            self._upsert(docs[mid:], stored)
+            self._upsert(docs[:mid], stored, retry)
+            self._upsert(docs[mid:], stored, retry)
             return
+        except BatchFailed as exc:
+            if not retry:
+                for d in docs:
+                    self._failed(replace(d, error=f"not written: {exc}"))
+                return
+            self._retry(docs, stored)
+            return
+        self._written(docs, stored, chunks)
+
+    def _retry(self, docs: list[Doc], stored: set[str]) -> None:
+        """A failed batch, once more one document at a time; those the server committed
+        after all (its answer lost) are counted, not sent again."""
+        now = self.writer.stored([d.id for d in docs])
+        for d in docs:
+            if now.get(d.id) == d.sha256:
+                self._written([d], stored, 0)  # its chunk count went with the lost answer
+            else:
+                self._upsert([d], stored, retry=False)
+            self.progress(self.summary)
+
+    def _written(self, docs: list[Doc], stored: set[str], chunks: int) -> None:
         self.summary.chunks += chunks
         replaced = sum(d.id in stored for d in docs)
         self.summary.replaced += replaced
         self.summary.new += len(docs) - replaced
+        self.summary.settled_bytes += sum(d.size for d in docs)
+        self.progress(self.summary)
 
 
 def ingest_folder(
     root: str, listing: tuple[list[str], list[Doc]], writer: DocWriter, options: FolderOptions,
     progress: Progress | None = None, on_start: Callable[[str], None] | None = None,
+    summary: FolderSummary | None = None,
 ) -> FolderSummary:
-    """Read every document of `listing` (`files.walk(root)`) and write those that changed.
-    The failed files are in the summary; nothing here raises for a bad file."""
+    """Read every document of `listing` (`files.walk(root)`) and write those that changed,
+    counting into `summary` (which the caller may hold, to report a run that failed part
+    way). The failed files are in the summary; nothing here raises for a bad file."""
     paths, unlisted = listing
-    summary = FolderSummary()
+    summary = summary if summary is not None else FolderSummary()
     sink = DocSink(writer, options, summary, progress)
     t0 = time.monotonic()
     for doc in unlisted:

@@ -4,7 +4,7 @@ when the command ends, kept in the Typer context) and one way to report gRPC fai
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -82,11 +82,15 @@ def conn_of(ctx: typer.Context) -> Conn:
 
 
 @contextlib.contextmanager
-def errors(conn: Conn, scope: str = "admin") -> Iterator[None]:
-    """Turn gRPC failures into one readable line and a non-zero exit."""
+def errors(conn: Conn, scope: str = "admin", exit_code: int = 1,
+           before: Callable[[], Any] | None = None) -> Iterator[None]:
+    """Turn gRPC failures into one readable line and exit `exit_code`; `before` runs first
+    (a command's summary of what it did before the failure)."""
     try:
         yield
     except grpc.RpcError as exc:
+        if before is not None:
+            before()
         code = exc.code()
         hint = {
             grpc.StatusCode.UNAVAILABLE: f"cannot reach ragplane at {conn.addr}: is the server "
@@ -97,7 +101,7 @@ def errors(conn: Conn, scope: str = "admin") -> Iterator[None]:
             grpc.StatusCode.PERMISSION_DENIED: f"{exc.details()}; use a key with the {scope} scope",
         }.get(code, exc.details())
         err.print(f"[bold red]error[/] ({code.name}): {hint}")
-        raise typer.Exit(1) from None
+        raise typer.Exit(exit_code) from None
     except KeyboardInterrupt:
         err.print("interrupted (a rebuild goes on in the server)")
         raise typer.Exit(130) from None

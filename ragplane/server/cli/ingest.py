@@ -8,6 +8,7 @@ the collection already holds unchanged."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -19,11 +20,13 @@ import typer
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
+    DownloadColumn,
     MofNCompleteColumn,
     Progress,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
+    TransferSpeedColumn,
 )
 from rich.table import Table
 
@@ -33,7 +36,13 @@ from ragplane.server import conversions as conv
 from ragplane.server.bulk import rows
 from ragplane.server.bulk.embed import EmbedderSpec
 from ragplane.server.bulk.files import Doc, walk
-from ragplane.server.bulk.folder import BATCH_DOCS, FolderOptions, FolderSummary, ingest_folder
+from ragplane.server.bulk.folder import (
+    BATCH_DOCS,
+    BatchFailed,
+    FolderOptions,
+    FolderSummary,
+    ingest_folder,
+)
 from ragplane.server.bulk.pipeline import BadRows, Options, Summary
 from ragplane.server.bulk.pipeline import ingest as run_ingest
 from ragplane.server.cli.common import Conn, console, err, errors
@@ -43,6 +52,19 @@ from ragplane.v1 import common_pb2, embed_pb2, embed_pb2_grpc, index_pb2, index_
 MIN_PROBE_COSINE = 0.9999
 RETRIES = 6
 SHOWN_BAD_ROWS = 20
+# The server chunks and embeds a document within its Upsert, so that call's deadline grows
+# with the text it carries: --timeout, plus this many seconds per MiB (a loaded 2-core CPU
+# server embeds a MiB of prose in about a minute with all-MiniLM-L6-v2).
+SECONDS_PER_MIB = 240.0
+# What `ragplane ingest` exits with: 0 everything written; FAILED_SOME: the run went through
+# the whole input but some files (or rows, with --on-bad-row fail) were not written, each
+# listed; FAILED_RUN: the run itself failed (the server unreachable or refusing the key, the
+# collection missing, a bad option), the summary so far printed; 130 interrupted.
+FAILED_SOME, FAILED_RUN = 1, 2
+# Codes that concern the whole run, not one batch: retrying other batches cannot help.
+_RUN_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED,
+              grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND,
+              grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.CANCELLED)
 
 
 class GrpcWriter:
@@ -86,10 +108,14 @@ class GrpcWriter:
 class GrpcDocWriter:
     """`folder.DocWriter` over gRPC: documents go as text items without a vector, which the
     server chunks and embeds (so there is nothing to probe); what is stored is asked with
-    Get. Retried as `GrpcWriter` does."""
+    Get. Retried as `GrpcWriter` does. An Upsert's deadline is --timeout plus
+    `seconds_per_mib` for each MiB of its texts; a batch that still fails (for a reason of its
+    own, not the server's absence) is BatchFailed."""
 
-    def __init__(self, conn: Conn, collection: str) -> None:
+    def __init__(self, conn: Conn, collection: str,
+                 seconds_per_mib: float = SECONDS_PER_MIB) -> None:
         self.conn, self.collection = conn, collection
+        self.seconds_per_mib = seconds_per_mib
         self.index = index_pb2_grpc.IndexServiceStub(conn.channel())
 
     def stored(self, ids: list[str]) -> dict[str, str]:
@@ -104,15 +130,26 @@ class GrpcDocWriter:
             common_pb2.Item(id=d.id, text=d.text, metadata=conv.dict_to_struct(d.metadata))
             for d in docs
         ])
-        return int(_retrying(self.index.Upsert, request, self.conn).chunks)
+        mib = sum(len(d.text.encode("utf-8")) for d in docs) / (1 << 20)
+        deadline = self.conn.timeout + self.seconds_per_mib * mib
+        try:
+            return int(_retrying(self.index.Upsert, request, self.conn, deadline).chunks)
+        except grpc.RpcError as exc:
+            if exc.code() in _RUN_CODES:
+                raise
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise BatchFailed(f"no answer within {deadline:,.0f} s ({mib:.2f} MiB of text;"
+                                  " raise --timeout-per-mib for a slower server)") from None
+            raise BatchFailed(f"{exc.code().name}: {exc.details()}") from None
 
 
-def _retrying(call: Any, request: Any, conn: Conn) -> Any:
-    """`call(request)`, retried on RESOURCE_EXHAUSTED and UNAVAILABLE (honouring
-    `retry-after`): only for idempotent calls. INVALID_ARGUMENT becomes InvalidArgument."""
+def _retrying(call: Any, request: Any, conn: Conn, timeout: float | None = None) -> Any:
+    """`call(request)` within `timeout` (default: --timeout), retried on RESOURCE_EXHAUSTED
+    and UNAVAILABLE (honouring `retry-after`): only for idempotent calls. INVALID_ARGUMENT
+    becomes InvalidArgument."""
     for attempt in range(RETRIES):
         try:
-            return call(request, timeout=conn.timeout, metadata=conn.metadata)
+            return call(request, timeout=timeout or conn.timeout, metadata=conn.metadata)
         except grpc.RpcError as exc:
             code = exc.code()
             if code == grpc.StatusCode.INVALID_ARGUMENT:
@@ -191,25 +228,33 @@ def ingest(
                                         "per CPU but one per node).")] = 0,
     model_dir: Annotated[str, typer.Option(help="The server's --model-dir, if it has one.")] = "",
     timeout: Annotated[float, typer.Option(help="Seconds per call.")] = 60.0,
+    timeout_per_mib: Annotated[float, typer.Option(
+        help="Documents: seconds more for an upsert per MiB of text it carries (the server "
+        "chunks and embeds it within the call).")] = SECONDS_PER_MIB,
 ) -> None:
     """Embed and upsert the rows of PATHS (id, text, optional metadata) into a collection;
     or, for one directory of documents, upsert each file as one text item (id: its path in
     the directory) that the server chunks and embeds, skipping files stored unchanged.
 
     Keyed by id, so running it again (after a failure, or a kill) never duplicates and ends
-    with the collection a clean run gives. Exit 1 when a document failed (or a row was bad
-    with --on-bad-row fail)."""
+    with the collection a clean run gives. Exit 0: all written; 1: the run went through but
+    some documents failed (each listed; or a row was bad with --on-bad-row fail); 2: the
+    run failed (server unreachable, key refused, collection missing, bad option); 130:
+    interrupted."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     conn = Conn(addr, key, tls_ca, timeout)
+    partial = FolderSummary()  # what a folder's run did before it failed, if it did
     try:
-        with errors(conn, scope="read and write"):
+        with errors(conn, scope="read and write", exit_code=FAILED_RUN,
+                    before=lambda: _report_partial(partial)):
             options = Options(batch_rows=batch_size, on_bad_row=on_bad_row, forced_format=fmt,
                               ray="" if ray == "off" else ray, actors=actors)
             folder = _folder(paths, fmt)
             try:
                 if folder:
-                    done: Any = _run_folder(conn, *folder, collection, create, options)
+                    done: Any = _run_folder(conn, *folder, collection, create, options,
+                                            timeout_per_mib, partial)
                 else:
                     done = _run(conn, paths, collection, create, model_dir, options)
             except KeyboardInterrupt:
@@ -218,19 +263,33 @@ def ingest(
                 raise typer.Exit(130) from None
     except BadRows as exc:
         err.print(f"[bold red]refused:[/] {exc}")
-        raise typer.Exit(1) from None
+        raise typer.Exit(FAILED_SOME) from None
     except RagplaneError as exc:
+        _report_partial(partial)
         err.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        raise typer.Exit(FAILED_RUN) from None
     finally:
         conn.close()
-    if isinstance(done, FolderSummary):
-        _report_folder(done)
-        if done.failed:
-            raise typer.Exit(1)
-    else:
+    _finish(done)
+
+
+def _finish(done: Any) -> None:
+    if not isinstance(done, FolderSummary):
         summary, writer = done
         _report(summary, writer.probe)
+        return
+    _report_folder(done)
+    if done.failed:
+        err.print(f"[bold red]{len(done.failed)} of {done.files} files failed[/] (listed "
+                  "above); the rest are written")
+        raise typer.Exit(FAILED_SOME)
+
+
+def _report_partial(s: FolderSummary) -> None:
+    if s.files:
+        _report_folder(s)
+        err.print(f"the run stopped after {s.settled} of the files; run the same command "
+                  "again to finish (unchanged files are skipped)")
 
 
 def _folder(paths: list[str], fmt: str) -> tuple[str, tuple[list[str], list[Doc]]] | None:
@@ -289,26 +348,44 @@ def _columns(unit: str) -> list[Any]:
 
 
 def _run_folder(conn: Conn, root: str, listing: tuple[list[str], list[Doc]], collection: str,
-                create: bool, options: Options) -> FolderSummary:
+                create: bool, options: Options, seconds_per_mib: float,
+                summary: FolderSummary) -> FolderSummary:
     _collection(conn, collection, create)
-    writer = GrpcDocWriter(conn, collection)
+    writer = GrpcDocWriter(conn, collection, seconds_per_mib)
     folder_options = FolderOptions(batch_docs=min(options.batch_rows, BATCH_DOCS),
                                    ray=options.ray)
     # pypdf logs what it mends in a damaged file; those it cannot read are reported below
     logging.getLogger("pypdf").setLevel(logging.ERROR)
-    with Progress(*_columns("files"), console=err, transient=False) as bar:
-        task = bar.add_task("starting", total=len(listing[0]) + len(listing[1]), rate="-")
-        t0 = time.monotonic()
+    total_files = len(listing[0]) + len(listing[1])
+    columns = [TextColumn("{task.description}"), BarColumn(),
+               TextColumn(f"{{task.fields[files]}}/{total_files} files, "
+                          "{task.fields[chunks]} chunks"),
+               DownloadColumn(), TransferSpeedColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn()]
+    with Progress(*columns, console=err, transient=False) as bar:
+        # by bytes settled (written, skipped, failed): a document's work is its text
+        task = bar.add_task("starting", total=_sizes(root, listing[0]) or None, files=0,
+                            chunks=0)
 
         def progress(s: FolderSummary) -> None:
-            rate = s.files / max(1e-9, time.monotonic() - t0)
-            bar.update(task, completed=s.files, rate=f"{rate:,.1f}")
+            bar.update(task, completed=s.settled_bytes, files=s.settled, chunks=f"{s.chunks:,}")
 
         def started(where: str) -> None:
             bar.update(task, description=f"ingest -> {collection}")
             err.print(f"reading documents {where}; the server chunks and embeds them")
 
-        return ingest_folder(root, listing, writer, folder_options, progress, on_start=started)
+        done = ingest_folder(root, listing, writer, folder_options, progress,
+                             on_start=started, summary=summary)
+        bar.update(task, completed=done.settled_bytes, total=done.settled_bytes or None)
+        return done
+
+
+def _sizes(root: str, paths: list[str]) -> int:
+    total = 0
+    for p in paths:
+        with contextlib.suppress(OSError):  # reading it will say why
+            total += os.stat(os.path.join(root, *p.split("/"))).st_size
+    return total
 
 
 def _report_folder(s: FolderSummary) -> None:
