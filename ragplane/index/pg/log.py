@@ -5,14 +5,24 @@ A write is one transaction: bump `rp_head` (its row lock orders writers until co
 change `rp_items` / `rp_collections`, append the operation to `rp_changes` at that
 position, NOTIFY the other servers. Its position is the consistency token of the reply.
 
-PostgreSQL unreachable becomes Unavailable (retry-after), within the pool's 1 s timeout; a
-connection lost while committing becomes Unavailable saying the outcome is unknown."""
+Every PostgreSQL error becomes a domain error by its class (`failures`): unreachable, a
+restart, a conflict are Unavailable with retry-after; a connection lost while committing
+is Unavailable saying the outcome is unknown. The waits of a call (for a pooled
+connection, for the head's lock) end within its `budget`, so a failed call answers in
+under a second. Connections use no server-side prepared statements (psycopg's
+`prepare_threshold=None`): a pipeline that an error aborts skips the statements queued
+after it, preparations included, and a connection that believed them prepared would
+answer "prepared statement does not exist" ever after; a round trip per execution is
+what an unprepared statement costs here, not a parse of note. A connection that saw a
+lost line, a protocol or pipeline error is discarded, never lent again."""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -24,12 +34,41 @@ import psycopg_pool
 from psycopg.types.json import Jsonb
 
 from ragplane.core.errors import Unavailable
-from ragplane.index.pg import schema
+from ragplane.index.pg import failures, schema
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "rp_changes"
-RETRY_AFTER = 1.0
+RETRY_AFTER = failures.RETRY_AFTER
+CALL_WAIT = 0.7  # seconds a call may wait, all waits together (it answers within 1 s)
+MIN_WAIT = 0.05
+
+_deadline: contextvars.ContextVar[float] = contextvars.ContextVar("rp_pg_deadline", default=0.0)
+
+
+@contextlib.contextmanager
+def budget(seconds: float = CALL_WAIT) -> Iterator[None]:
+    """The waits inside (a pooled connection, the replica's lock, PostgreSQL's row locks)
+    end by `seconds` from now, each given at least MIN_WAIT; a budget already running
+    (an outer call's) is kept. Work itself is not cut short: only waiting is."""
+    if _deadline.get():
+        yield
+        return
+    token = _deadline.set(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def wait_left(default: float | None) -> float | None:
+    """How long the next wait may last: the budget's rest (at least MIN_WAIT), at most
+    `default`; `default` when no budget runs (None: as long as it takes)."""
+    deadline = _deadline.get()
+    if not deadline:
+        return default
+    left = max(MIN_WAIT, deadline - time.monotonic())
+    return left if default is None else min(default, left)
 
 
 @dataclass(frozen=True)
@@ -56,15 +95,15 @@ def redact(url: str) -> str:
 
 
 @contextlib.contextmanager
-def unavailable(where: str, what: str = "") -> Iterator[None]:
-    """PostgreSQL's connection failures as Unavailable with retry-after."""
+def translated(where: str) -> Iterator[None]:
+    """PostgreSQL's and the pool's errors as domain errors (`failures.translate`)."""
     try:
         yield
-    except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise Unavailable(
-            f"PostgreSQL ({where}) is unreachable{what}: {first}; retry", RETRY_AFTER
-        ) from exc
+    except (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
+        mapped = failures.translate(exc, where)
+        if mapped is None:
+            raise
+        raise mapped from exc
 
 
 class PgStore:
@@ -79,12 +118,15 @@ class PgStore:
             min_size=1,
             max_size=max_size,
             timeout=timeout,
-            kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout))},
+            kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout)),
+                    "prepare_threshold": None},  # see the module's docstring
             open=False,
             reconnect_timeout=0,  # keep trying: PostgreSQL may come back at any time
             check=self._check,
+            reset=self._reset,
         )
         self._answered: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._held = threading.local()
         self.pool.open(wait=False)
         self.store_id = ""
 
@@ -95,14 +137,53 @@ class PgStore:
         if time.monotonic() - self._answered.get(c, 0.0) > 1.0:
             psycopg_pool.ConnectionPool.check_connection(c)
 
+    @staticmethod
+    def _reset(c: psycopg.Connection) -> None:
+        """On its return to the pool (rolled back already): one left in pipeline mode is
+        out of step with the server; raising here makes the pool discard it."""
+        if c.pgconn.pipeline_status != psycopg.pq.PipelineStatus.OFF:
+            raise psycopg.InterfaceError("returned in pipeline mode")
+
     def close(self) -> None:
         self.pool.close()
 
     @contextlib.contextmanager
-    def conn(self) -> Iterator[psycopg.Connection]:
-        with unavailable(self.where), self.pool.connection() as c:
-            yield c
+    def conn(self, timeout: float | None = None) -> Iterator[psycopg.Connection]:
+        """A pooled connection, waited for up to `timeout` (the pool's) within the call's
+        budget; inside a write on this thread, the write's own (a catch-up reads in its
+        transaction: one connection per write, never two). Errors become domain errors;
+        the connection is discarded after one that leaves it unfit (`failures.reusable`)."""
+        held = getattr(self._held, "c", None)
+        if held is not None and held.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF:
+            with translated(self.where), self._discarding(held):
+                yield held
+            return
+        wait = wait_left(self._timeout if timeout is None else timeout)
+        with translated(self.where), self.pool.connection(timeout=wait) as c:
+            with self._discarding(c):
+                yield c
             self._answered[c] = time.monotonic()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _discarding(c: psycopg.Connection) -> Iterator[None]:
+        try:
+            yield
+        except BaseException as exc:
+            if not failures.reusable(exc):
+                log.debug("discarding a connection after %r", exc)
+                with contextlib.suppress(Exception):
+                    c.close()  # the pool sees it closed and replaces it
+            raise
+
+    @contextlib.contextmanager
+    def _holding(self, c: psycopg.Connection) -> Iterator[None]:
+        """`conn()` on this thread lends `c` meanwhile."""
+        self._held.c = c
+        try:
+            yield
+        finally:
+            self._held.c = None
 
     def migrate(self) -> str:
         with self.conn() as c:
@@ -116,9 +197,11 @@ class PgStore:
         """A write transaction at the next position: yields (connection, position); the
         caller changes the state tables and calls `append`. Commits on exit, unless the
         caller did (`commit`)."""
-        with self.conn() as c, self._transaction(c):
-            cur = c.execute("BEGIN; UPDATE rp_head SET pos = pos + 1 RETURNING pos")
-            cur.nextset()  # one round trip for both; the position is the second result
+        with self.conn() as c, self._holding(c), self._transaction(c):
+            cur = c.execute(f"BEGIN; {_lock_timeout()}; UPDATE rp_head SET pos = pos + 1 "
+                            "RETURNING pos")
+            cur.nextset()  # one round trip for the three; the position is the last result
+            cur.nextset()
             (pos,) = cur.fetchone()
             yield c, int(pos)
 
@@ -128,8 +211,9 @@ class PgStore:
         bump and what the caller executes travel in one pipeline, PostgreSQL running them
         while the caller goes on; statements name the position as rp_head's `pos` (as
         `append` does without one). Commits on exit unless the caller did."""
-        with self.conn() as c, self._transaction(c), c.pipeline() as pipe:
+        with self.conn() as c, self._holding(c), self._transaction(c), c.pipeline() as pipe:
             c.execute("BEGIN")
+            c.execute(_lock_timeout())
             c.execute("UPDATE rp_head SET pos = pos + 1")
             yield c, pipe
 
@@ -143,10 +227,17 @@ class PgStore:
                 c.execute("ROLLBACK")
             raise
         if c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            try:
-                c.execute("COMMIT")
-            except psycopg.OperationalError as exc:
-                raise self.lost_at_commit() from exc
+            self.commit(c)
+
+    def commit(self, c: psycopg.Connection) -> None:
+        """COMMIT; a refusal of the server (a statement's error: nothing committed) is
+        raised as it is, a line lost meanwhile leaves the outcome unknown."""
+        try:
+            c.execute("COMMIT")
+        except psycopg.Error as exc:
+            if failures.refused(exc):
+                raise
+            raise self.lost_at_commit() from exc
 
     def lost_at_commit(self) -> Unavailable:
         return Unavailable(
@@ -271,7 +362,7 @@ class PgStore:
 
     def listener(self) -> psycopg.Connection:
         """A dedicated connection LISTENing for new positions."""
-        with unavailable(self.where):
+        with translated(self.where):
             c = psycopg.connect(
                 self.url, autocommit=True, connect_timeout=max(1, int(self._timeout))
             )
@@ -279,3 +370,10 @@ class PgStore:
         return c
 
 
+def _lock_timeout() -> str:
+    """The write's wait for a row lock (the head's) within the call's budget; without a
+    budget (a rebuild, a migration) as long as it takes."""
+    wait = wait_left(None)
+    return "SET LOCAL lock_timeout = 0" if wait is None else (
+        f"SET LOCAL lock_timeout = {max(1, int(wait * 1000))}"
+    )

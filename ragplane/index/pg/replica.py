@@ -25,7 +25,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from ragplane.core.errors import (
 from ragplane.index.engine import Engine
 from ragplane.index.faiss_index import fsync_dir
 from ragplane.index.pg import codec
-from ragplane.index.pg.log import Change, PgStore
+from ragplane.index.pg.log import RETRY_AFTER, Change, PgStore, wait_left
 from ragplane.index.pg.reembed import stored
 from ragplane.index.types import IndexType, Kind, Metric
 
@@ -211,9 +211,24 @@ class Replica:
                 self._save_state(synced=True)
         self.store.close()
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The lock that orders writing and applying here, waited for within the call's
+        budget (`log.budget`; without one, as long as it takes): Unavailable after."""
+        wait = wait_left(None)
+        if not self.lock.acquire(timeout=-1 if wait is None else wait):
+            raise Unavailable(
+                f"this server's writes are queued behind others for over {wait:.1f} s; retry",
+                RETRY_AFTER,
+            )
+        try:
+            yield
+        finally:
+            self.lock.release()
+
     def catch_up(self, upto: int | None = None) -> int:
         """Apply every committed change after `applied` (up to `upto`); returns applied."""
-        with self.lock:
+        with self.locked():
             while upto is None or self.applied < upto:
                 batch = self.store.changes_after(self.applied)
                 self.last_contact = time.monotonic()
@@ -231,6 +246,8 @@ class Replica:
         """Apply one change to the local engine (called with `lock` held)."""
         try:
             apply_op(self.engine, ch.op, ch.vectors, self.store, ch.pos)
+        except Unavailable:  # PostgreSQL away while reading the change: not applied yet
+            raise
         except RagplaneError as exc:
             # a change the writer validated cannot fail here unless the cache is broken
             self.broken = f"change {ch.pos} could not be applied: {exc}"

@@ -24,13 +24,12 @@ from ragplane.core.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    Unavailable,
 )
 from ragplane.index import catalog
 from ragplane.index.engine import Engine
-from ragplane.index.pg import codec
+from ragplane.index.pg import codec, failures
 from ragplane.index.pg import reembed as reembed_mod
-from ragplane.index.pg.log import Change
+from ragplane.index.pg.log import Change, budget
 from ragplane.index.pg.replica import Replica
 from ragplane.index.types import (
     Chunking,
@@ -63,9 +62,6 @@ _UPSERT_ITEMS = (
 )
 
 
-UPSERT_TRIES = 5  # sends of an upsert that find another server's write first, at most
-
-
 class _Behind(Exception):
     """Raised inside a write that found another server's change before its own."""
 
@@ -80,7 +76,8 @@ def _drain(pipe: psycopg.Pipeline) -> None:
 def _outcome(committing: Any = None) -> Iterator[None]:
     """Errors of a pipelined upsert: another server's write first is _Behind, input
     PostgreSQL refuses (duplicate ids, a NUL character) InvalidArgument; with the COMMIT
-    sent (`committing`: the PgStore), a lost connection leaves the outcome unknown."""
+    sent (`committing`: the PgStore), a line lost leaves the outcome unknown. The rest
+    go on to the store's translation (`failures`)."""
     try:
         yield
     except (psycopg.errors.SerializationFailure, psycopg.errors.UniqueViolation) as exc:
@@ -90,8 +87,8 @@ def _outcome(committing: Any = None) -> Iterator[None]:
         raise InvalidArgument(
             f"PostgreSQL refused these items ({first}); correct the items and retry"
         ) from exc
-    except psycopg.OperationalError as exc:
-        if committing is None:
+    except psycopg.Error as exc:
+        if committing is None or failures.refused(exc):
             raise
         raise committing.lost_at_commit() from exc
 
@@ -124,7 +121,8 @@ class SharedEngine:
             try:
                 return attr(*args, **kwargs)
             except NotFound:
-                self.replica.catch_up()
+                with budget():
+                    self.replica.catch_up()
                 return getattr(self.local, name)(*args, **kwargs)
 
         return read
@@ -158,10 +156,18 @@ class SharedEngine:
         caught up to the position before it: it checks the request against the replica,
         changes the state tables, may fill in `op`, and returns the vectors' blob. After
         the commit the change is applied here; with `own`, the change is already in effect
-        here (a rebuild) and `own` runs under the replica's lock instead."""
+        here (a rebuild, which waits as long as it must) and `own` runs under the
+        replica's lock instead. Other writes wait within a call's budget."""
+        with contextlib.nullcontext() if own is not None else budget():
+            self._write_now(op, stage, own)
+
+    def _write_now(
+        self, op: dict[str, Any], stage: Callable[[Any, int], bytes | None],
+        own: Callable[[], None] | None,
+    ) -> None:
         rep = self.replica
         op["kind"] = self.kind.value
-        with rep.lock:
+        with rep.locked():
             rep.check()
             staged = False
             try:
@@ -257,31 +263,67 @@ class SharedEngine:
     # ------------------------------------------------------------------ items
 
     def upsert(self, tenant: str, name: str, records: Sequence[Record]) -> int:
-        """Sent to PostgreSQL ahead (`_upsert_ahead`); when another server wrote first,
-        applied here and sent again. The items are written once, to rp_items at this
+        """Sent to PostgreSQL ahead (`_upsert_ahead`); when another server wrote first
+        (its position, or ids new here that it added), sent again holding the head's
+        lock (`_upsert_locked`), which no other write can overtake: two sends at most,
+        and a client sees no conflict. The items are written once, to rp_items at this
         change's position, where the other servers read them."""
         records = list(records)
         rep = self.replica
-        try:
+        with budget():
+            try:
+                self.local.describe(tenant, name)
+            except NotFound:  # made on another server a moment ago?
+                rep.catch_up()
             dim = self.local.describe(tenant, name).dim
-        except NotFound:  # made on another server a moment ago?
-            rep.catch_up()
-            dim = self.local.describe(tenant, name).dim
-        args = self._encoded(tenant, name, records)
-        for _ in range(UPSERT_TRIES):
+            args = self._encoded(tenant, name, records)
             op = {"op": "upsert", "tenant": tenant, "name": name, "kind": self.kind.value,
                   "dim": dim, "count": len(records)}
-            with rep.lock:
+            with rep.locked():
                 rep.check()
                 try:
-                    pos = self._upsert_ahead(tenant, name, records, op, args)
-                except _Behind:  # nothing committed: apply the other's write, then again
-                    rep.catch_up()
-                    dim = self.local.describe(tenant, name).dim
-                    continue
-                rep.advance(pos)
-                return len(records)
-        raise Unavailable("other servers' writes kept committing first; retry", 0.1)
+                    rep.advance(self._upsert_ahead(tenant, name, records, op, args))
+                    return len(records)
+                except _Behind:  # nothing committed: again, first in line
+                    pass
+            self._upsert_locked(tenant, name, records, args)
+        return len(records)
+
+    def _upsert_locked(self, tenant: str, name: str, records: list[Record], args: tuple) -> None:
+        """The upsert holding the head's lock from its first statement: caught up to the
+        position before its own, checked there, its items written with ON CONFLICT (the
+        ids are as they are at that position), committed here after PostgreSQL."""
+        rep = self.replica
+        with rep.locked():
+            rep.check()
+            with rep.store.write() as (c, pos):
+                if rep.applied != pos - 1:
+                    rep.catch_up(pos - 1)
+                staged = self.local.stage_upsert(tenant, name, records)
+                op = {"op": "upsert", "tenant": tenant, "name": name, "kind": self.kind.value,
+                      "dim": self.local.describe(tenant, name).dim, "count": len(records)}
+                c.execute(_UPSERT_ITEMS, args)
+                rep.store.append(c, op, b"", pos)
+                rep.writing = pos
+                self._commit_both(staged, pos, lambda: rep.store.commit(c))
+            rep.advance(pos)
+
+    def _commit_both(self, staged: Any, pos: int, commit: Callable[[], None]) -> None:
+        """PostgreSQL's COMMIT while the items are written here in an open SQLite
+        transaction, which commits only after PostgreSQL's did."""
+        rep = self.replica
+        committed = False
+        try:
+            with staged.written():
+                commit()
+                committed = True
+        except Exception as exc:
+            if not committed:
+                rep.writing = 0  # the position is given to the next write
+                raise
+            # committed, so acknowledged; this cache reloads
+            rep.broken = f"upsert at position {pos} was not applied here: {exc}"
+            log.exception("applying position %d here failed", pos)
 
     def _upsert_ahead(self, tenant: str, name: str, records: list[Record], op: dict[str, Any],
                       args: tuple) -> int:
@@ -316,19 +358,13 @@ class SharedEngine:
                     raise exc from None
                 raise
             rep.writing = expect  # its NOTIFY is no news to the follower
-            committed = False
-            try:
-                with staged.written(), _outcome(rep.store):
-                    c.execute("COMMIT")  # PostgreSQL commits while the items are written here
+
+            def commit() -> None:
+                with _outcome(rep.store):
+                    c.execute("COMMIT")
                     pipe.sync()
-                    committed = True
-            except Exception as exc:
-                if not committed:
-                    rep.writing = 0  # the position is given to the next write
-                    raise
-                # committed, so acknowledged; this cache reloads
-                rep.broken = f"upsert at position {expect} was not applied here: {exc}"
-                log.exception("applying position %d here failed", expect)
+
+            self._commit_both(staged, expect, commit)
         return expect
 
     def _encoded(self, tenant: str, name: str, records: list[Record]) -> tuple:

@@ -4,6 +4,7 @@ messages, a commit whose outcome is unknown, and an unreachable server."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import numpy as np
@@ -67,6 +68,7 @@ class _LostAtCommit:
 def test_a_connection_lost_at_commit_says_the_outcome_is_unknown(monkeypatch):
     store = PgStore.__new__(PgStore)
     store.where = "postgresql://u@h:5432/db"
+    store._held = threading.local()
     conn = _LostAtCommit()
     monkeypatch.setattr(store, "conn", lambda: contextlib.nullcontext(conn))
     with pytest.raises(Unavailable) as err:
