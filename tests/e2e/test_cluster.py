@@ -16,8 +16,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ragplane.testkit.harness import Stubs, SubprocessServer
-from ragplane.testkit.postgres import available
-from ragplane.v1 import common_pb2, index_pb2, search_pb2
+from ragplane.testkit.postgres import available, until
+from ragplane.v1 import common_pb2, index_pb2, memory_pb2, search_pb2
+from tests.e2e.cluster_load import Load, crash, read_back
 
 pytestmark = pytest.mark.skipif(
     not available(),
@@ -431,3 +432,53 @@ def test_lexical_and_hybrid_rankings_equal_the_embedded_stores(pg, tmp_path):
     finally:
         lite.stop()
         shared.stop()
+
+
+SUSTAINED_S = 60.0
+
+
+def test_contention_a_kill_9_and_a_crash_of_postgresql_answer_ok_or_unavailable(pg, cluster):
+    """Issue 38. Three servers write the same ids and their own, create collections and
+    remember for a minute; one is killed -9 while the others go on; PostgreSQL is
+    stopped -m immediate and started again. Every call answers OK, or UNAVAILABLE with
+    retry-after within 1 s, never INTERNAL; every acknowledged write is then read back
+    on every server (the killed one restarted)."""
+    a, b, c = cluster
+    make_collection(a.stubs)
+    first = a.stubs.memory.Remember(memory_pb2.RememberRequest(namespace="memories", text="a"))
+    load = Load({"a": a.stubs, "b": b.stubs, "c": c.stubs})
+    load.acked.memories.add(first.id)
+    load.start()
+    time.sleep(SUSTAINED_S)
+    killed = time.monotonic()
+    load.stop("a")
+    a.kill()
+    time.sleep(5)
+    down = time.monotonic()
+    crash(pg)
+    time.sleep(3)
+    pg.pg_ctl("start")
+    back = time.monotonic()
+    until(lambda: load.codes(since=time.monotonic() - 1).get(("Upsert", "OK"), 0) > 0, 60)
+    time.sleep(3)
+    load.stop()
+    calls = [x for x in load.calls if not (x.server == "a" and x.at >= killed)]
+    summary = {
+        phase: load.codes(since)
+        for phase, since in (("all", 0.0), ("after kill", killed), ("after crash", down))
+    }
+    print(summary, f"PostgreSQL back after {back - down:.1f} s")
+    failed = [x for x in calls if x.code != grpc.StatusCode.OK]
+    print("failed calls: worst", max((x.seconds for x in failed), default=0.0), "s;",
+          "ok calls: worst", max(x.seconds for x in calls if x.code == grpc.StatusCode.OK))
+    wrong = [x for x in failed if x.code != grpc.StatusCode.UNAVAILABLE]
+    assert not wrong, (summary, wrong[:5])
+    assert all(x.retry_after and x.retry_after > 0 for x in failed), [
+        x for x in failed if not x.retry_after][:5]
+    slow = [x for x in failed if x.seconds > 1.0]
+    assert not slow, slow[:5]
+    assert summary["after crash"][("Upsert", "UNAVAILABLE")] > 0, "the crash was not seen"
+    assert len(load.acked.items) > 100 and len(load.acked.memories) > 5
+    a.start()
+    for s in (a, b, c):
+        read_back(s.stubs, load)

@@ -89,3 +89,60 @@ def test_an_unreachable_postgresql_is_unavailable_within_about_a_second():
         assert "is unreachable" in str(err.value) and "retry" in str(err.value)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "status", "reuse"),
+    [
+        ("08006", "Unavailable", False),  # connection failure
+        ("57P01", "Unavailable", False),  # admin shutdown (a restart)
+        ("57P02", "Unavailable", False),  # crash shutdown
+        ("57P03", "Unavailable", False),  # cannot connect now (recovering)
+        ("40001", "Unavailable", True),  # serialization failure: retries exhausted
+        ("40P01", "Unavailable", True),  # deadlock
+        ("55P03", "Unavailable", True),  # lock not available (the head, past the budget)
+        ("53300", "Unavailable", False),  # too many connections
+        ("25006", "Unavailable", False),  # read-only: a standby after a failover
+        ("26000", "Unavailable", False),  # a prepared statement gone: never reuse
+        ("XX000", "Unavailable", False),
+        ("23505", "Unavailable", True),  # a duplicate key another server's write made
+        ("22021", "InvalidArgument", True),  # a NUL in text
+        ("54000", "InvalidArgument", True),
+        ("42P01", "FailedPrecondition", True),  # the schema is not there
+        ("42501", "FailedPrecondition", True),  # rights
+        ("XX001", "Corrupt", False),
+        ("42601", None, True),  # a syntax error is a bug here: INTERNAL
+    ],
+)
+def test_every_postgresql_error_class_maps_to_a_status_a_client_can_act_on(
+    sqlstate, status, reuse
+):
+    from ragplane.index.pg import failures
+
+    exc = psycopg.errors.lookup(sqlstate)("refused")
+    got = failures.translate(exc, "postgresql://u@h:5432/db")
+    assert (type(got).__name__ if got is not None else None) == status
+    if status == "Unavailable":
+        assert got.retry_after > 0 and "retry" in str(got)
+    assert failures.reusable(exc) is reuse
+
+
+def test_a_lost_line_and_the_pool_are_unavailable_and_the_connection_is_discarded():
+    import psycopg_pool
+
+    from ragplane.index.pg import failures
+
+    for exc in (psycopg.OperationalError("server closed the connection unexpectedly"),
+                psycopg.InterfaceError("the connection is closed"),
+                psycopg_pool.PoolTimeout("couldn't get a connection after 0.70 sec")):
+        got = failures.translate(exc, "db")
+        assert isinstance(got, Unavailable) and got.retry_after > 0
+        assert not failures.reusable(exc)
+    try:  # a domain error raised from a lost line: judged by that line
+        try:
+            raise psycopg.OperationalError("lost")
+        except psycopg.OperationalError as inner:
+            raise Unavailable("outcome unknown") from inner
+    except Unavailable as outer:
+        assert not failures.reusable(outer)
+    assert failures.reusable(ValueError("ours"))
