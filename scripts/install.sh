@@ -30,6 +30,7 @@ trap cleanup EXIT
 (
   bash scripts/install_vulkan.sh || echo "note: software Vulkan not installed; wgpu tests will skip"
   bash scripts/install_postgres.sh
+  bash scripts/install_browser.sh
 ) >"$work/system.log" 2>&1 &
 system=$!
 
