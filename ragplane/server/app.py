@@ -348,7 +348,7 @@ def create_server(
     if settings.http_port:
         try:
             runtime.http = serve_http(
-                settings, runtime.embedding, runtime.keys, runtime.metrics, admission
+                settings, runtime.embedding, runtime.keys, runtime.metrics, admission, runtime
             )
         except Exception:
             runtime.close()

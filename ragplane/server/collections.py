@@ -216,6 +216,21 @@ class CollectionService:
             identity = result.embedder
         return np.concatenate(parts), identity
 
+    def items(self, name: str, *, page: int, page_size: int) -> tuple[list[Record], bool]:
+        """Page `page` (from 0) of the collection's live items in write order, without
+        vectors, and whether a later page has any; page N reads the N before it (the
+        operator's console browses the first pages, where that costs little)."""
+        if page < 0 or not 0 < page_size <= 1000:
+            raise InvalidArgument(f"page must be >= 0 and page_size in 1..1000, got {page}, "
+                                  f"{page_size}")
+        batches = self.engine.iter_records(self._tenant(), name, batch=page_size)
+        for _ in range(page):
+            if next(batches, None) is None:
+                return [], False
+        rows = next(batches, [])
+        more = next(batches, None) is not None if len(rows) == page_size else False
+        return [replace(r, vector=None) for r in rows], more
+
     def get(self, name: str, ids: Sequence[str], *, include_vectors: bool) -> list[Record]:
         if not ids:
             raise InvalidArgument("ids is empty; name at least one id")

@@ -1,5 +1,6 @@
-"""uvicorn serving the OpenAI-compatible API (`ragplane.server.openai_http`) on a thread and
-event loop of its own, started by `create_server` and stopped with the gRPC server.
+"""uvicorn serving the OpenAI-compatible API (`ragplane.server.openai_http`) and the
+operator's console (`ragplane.server.console`, under /console) on a thread and event loop
+of its own, started by `create_server` and stopped with the gRPC server.
 
 The socket is bound here, before the thread starts, so a taken port fails the start at
 once (as the gRPC port does) and the bound port is known. With TLS settings the API is
@@ -19,10 +20,12 @@ import threading
 import time
 
 import uvicorn
+from starlette.routing import Mount
 
 from ragplane.core.errors import InvalidArgument, Unavailable
 from ragplane.server.admission import Admission
 from ragplane.server.auth import KeyStore
+from ragplane.server.console import Console, ConsoleRuntime
 from ragplane.server.embedding.service import EmbeddingService
 from ragplane.server.metrics import Metrics
 from ragplane.server.openai_http import OpenAIApi
@@ -44,8 +47,10 @@ class HttpServer:
         grace_seconds: float,
         tls: dict[str, object] | None = None,
         start_timeout: float = 30.0,
+        console: Console | None = None,
     ) -> None:
         self.api = api
+        self.console = console
         self.port: int = sock.getsockname()[1]
         self._sock = sock
         config = uvicorn.Config(
@@ -90,6 +95,8 @@ class HttpServer:
             self._server.force_exit = True
             self._thread.join(1.0)
         self._sock.close()
+        if self.console is not None:
+            self.console.close()
 
 
 def serve_http(
@@ -98,12 +105,21 @@ def serve_http(
     keys: KeyStore,
     metrics: Metrics,
     admission: Admission,
+    runtime: ConsoleRuntime | None = None,
 ) -> HttpServer:
-    """The API on `settings.host`:`settings.http_port`, serving. Raises InvalidArgument when
-    the port cannot be bound."""
+    """The API on `settings.host`:`settings.http_port`, serving, with the operator's console
+    under /console when `runtime` is given. Raises InvalidArgument when the port cannot be
+    bound."""
     if _UVICORN_LOG.level == logging.NOTSET:
         _UVICORN_LOG.setLevel(logging.WARNING)
-    api = OpenAIApi(embedding, keys, metrics, admission, max_body_bytes=settings.max_message_bytes)
+    console = Console(runtime, metrics, admission) if runtime is not None else None
+    mounts = [Mount("/console", app=console.app)] if console is not None else []
+    api = OpenAIApi(
+        embedding, keys, metrics, admission, max_body_bytes=settings.max_message_bytes,
+        mounts=mounts,
+    )
+    if console is not None:
+        console.draining = lambda: api.draining
     sock = bind(settings.host, settings.http_port)
     tls: dict[str, object] = {}
     if settings.tls_cert:
@@ -111,9 +127,11 @@ def serve_http(
         if settings.tls_client_ca:
             tls |= {"ssl_ca_certs": settings.tls_client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED}
     try:
-        return HttpServer(api, sock, settings.grace_seconds, tls)
+        return HttpServer(api, sock, settings.grace_seconds, tls, console=console)
     except BaseException:
         sock.close()
+        if console is not None:
+            console.close()
         raise
 
 

@@ -40,6 +40,7 @@ from ragplane.core.errors import InvalidArgument, NotFound, RagplaneError
 from ragplane.index import Engine
 from ragplane.index.fusion import check as check_fusion
 from ragplane.index.types import (
+    CollectionInfo,
     Condition,
     Filter,
     FilterOp,
@@ -104,6 +105,8 @@ class MemoryService:
         self._locks_guard = threading.Lock()
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
+        self.sweep_every = 0.0  # seconds between sweeps (0: no sweeper runs)
+        self.last_sweep: tuple[float, int] | None = None  # (when, memories removed)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -401,9 +404,11 @@ class MemoryService:
                     continue
         if removed:
             log.info("swept %d expired memories", removed)
+        self.last_sweep = (now, removed)
         return removed
 
     def start_sweeper(self, every_seconds: float) -> None:
+        self.sweep_every = every_seconds
         def loop() -> None:
             while not self._stop.wait(every_seconds):
                 try:
@@ -415,6 +420,10 @@ class MemoryService:
 
         self._sweeper = threading.Thread(target=loop, name="memory-sweeper", daemon=True)
         self._sweeper.start()
+
+    def namespaces(self) -> list[CollectionInfo]:
+        """The caller's namespaces (their `count`: memories, expired ones not yet swept)."""
+        return self._store.list_collections(self._space())
 
     def count(self) -> int:
         return sum(i.count for i in self._store.list_all_collections())

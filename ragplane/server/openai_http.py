@@ -32,7 +32,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -43,7 +43,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from ragplane.core.errors import InvalidArgument, ResourceExhausted, Unavailable
 from ragplane.server.admission import Admission
@@ -212,6 +212,7 @@ class OpenAIApi:
         *,
         max_body_bytes: int,
         started_at: float | None = None,
+        mounts: Sequence[BaseRoute] = (),  # more apps on the port: the console (/console)
     ) -> None:
         self.embedding = embedding
         self.keys = keys
@@ -225,6 +226,7 @@ class OpenAIApi:
                 Route("/v1/embeddings", self.embeddings, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/health", self.health, methods=["GET"]),
+                *mounts,
             ],
             exception_handlers={HTTPException: self._no_route},
         )
