@@ -23,8 +23,10 @@ import (
 	"fmt"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	pb "github.com/ragplane/ragplane/clients/go/ragplanev1"
@@ -144,6 +146,17 @@ func (c *Client) Embed(ctx context.Context, texts []string) (*Embeddings, error)
 // embedder's dimension. Use c.IndexService.CreateCollection for other metrics, index types or dims.
 func (c *Client) CreateCollection(ctx context.Context, name string) (*pb.CollectionInfo, error) {
 	return c.IndexService.CreateCollection(ctx, &pb.CreateCollectionRequest{Name: name})
+}
+
+// GetOrCreateCollection is CreateCollection that, when the name is taken (ALREADY_EXISTS),
+// returns that collection as DescribeCollection does: a program that creates its
+// collection can run again (Python's create_collection(exist_ok=True)).
+func (c *Client) GetOrCreateCollection(ctx context.Context, name string) (*pb.CollectionInfo, error) {
+	info, err := c.CreateCollection(ctx, name)
+	if status.Code(err) != codes.AlreadyExists {
+		return info, err
+	}
+	return c.IndexService.DescribeCollection(ctx, &pb.DescribeCollectionRequest{Name: name})
 }
 
 // Item builds an item whose text the server embeds. metadata may be nil; its values must be

@@ -158,6 +158,13 @@ func TestSmokeAgainstLiveServer(t *testing.T) {
 	if info.GetName() != name || int(info.GetDim()) != emb.Dim || info.GetEmbedder() != emb.Embedder {
 		t.Fatalf("CreateCollection: %v (want dim %d, embedder %s)", info, emb.Dim, emb.Embedder)
 	}
+	if _, err := c.CreateCollection(ctx, name); status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("CreateCollection again: %v (want ALREADY_EXISTS)", err)
+	}
+	again, err := c.GetOrCreateCollection(ctx, name) // a second run of a quick start
+	if err != nil || again.GetName() != name || again.GetDim() != info.GetDim() {
+		t.Fatalf("GetOrCreateCollection of an existing one: %v, %v", again, err)
+	}
 
 	docs := [][2]string{
 		{"a", "the cat sat on the mat"},

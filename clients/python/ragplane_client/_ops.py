@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import grpc
+
 from ragplane_client import _replies as rep
 from ragplane_client import _requests as req
 from ragplane_client._transport import Rpc, rpc
@@ -79,6 +81,31 @@ def embedder_info(timeout: float | None) -> Op[EmbedderInfo]:
 def create_collection(name: str, o: dict[str, Any]) -> Op[CollectionInfo]:
     t = _timeout(o)
     return Op(CREATE, req.create_collection(name, **o), rep.collection, t)
+
+
+def already_exists(exc: Exception) -> bool:
+    """Whether a CreateCollection failed because the name is taken."""
+    return isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
+def same_settings(info: CollectionInfo, o: Mapping[str, Any]) -> CollectionInfo:
+    """`info` (the collection that exists) when every option asked for agrees with it;
+    ValueError naming the first that does not (exist_ok never hides another collection)."""
+    chunking = o.get("chunking")
+    asked = {
+        "metric": o.get("metric"),
+        "index_type": o.get("index_type"),
+        "dim": o.get("dim") or None,  # 0 = the embedder's: any
+        "lexical_index": o.get("lexical_index"),
+    }
+    held = {k: getattr(info, k) for k in asked}
+    if isinstance(chunking, bool):
+        asked["chunking"], held["chunking"] = chunking, info.chunking.enabled
+    for k, v in asked.items():
+        if v is not None and held[k] != v:
+            raise ValueError(f"collection {info.name!r} exists with {k}={held[k]!r}, not "
+                             f"{v!r}; use another name, or delete it first")
+    return info
 
 
 def list_collections(timeout: float | None, token: str = "") -> Op[list[CollectionInfo]]:

@@ -136,9 +136,17 @@ class AsyncClient:
     # --- collections ---------------------------------------------------------------------
 
     async def create_collection(
-        self, name: str, **options: Unpack[CollectionOptions]
+        self, name: str, *, exist_ok: bool = False, **options: Unpack[CollectionOptions]
     ) -> CollectionInfo:
-        return await self._run(ops.create_collection(name, dict(options)))
+        """As Client.create_collection: with exist_ok, a collection of that name that agrees
+        with the options asked for is returned (described) instead of ALREADY_EXISTS."""
+        try:
+            return await self._run(ops.create_collection(name, dict(options)))
+        except grpc.RpcError as exc:
+            if not (exist_ok and ops.already_exists(exc)):
+                raise
+        info = await self._run(ops.describe_collection(name, options.get("timeout")))
+        return ops.same_settings(info, options)
 
     async def list_collections(
         self, *, timeout: float | None = None, consistency_token: str = ""

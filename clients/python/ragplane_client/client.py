@@ -152,11 +152,23 @@ class Client:
 
     # --- collections ---------------------------------------------------------------------
 
-    def create_collection(self, name: str, **options: Unpack[CollectionOptions]) -> CollectionInfo:
+    def create_collection(
+        self, name: str, *, exist_ok: bool = False, **options: Unpack[CollectionOptions]
+    ) -> CollectionInfo:
         """Create a collection: metric ("cosine", "ip", "l2"), index_type ("flat", "hnsw",
         "ivf_pq"), dim (0 = the embedder's), params, lexical_index (default on), chunking
-        (default on at the embedder's window; False, True, a dict or a Chunking)."""
-        return self._run(ops.create_collection(name, dict(options)))
+        (default on at the embedder's window; False, True, a dict or a Chunking).
+
+        With exist_ok, a collection of that name is returned (described) instead of
+        ALREADY_EXISTS, so a script can run twice; ValueError if it differs from the
+        metric, index_type, dim, lexical_index or chunking on/off asked for."""
+        try:
+            return self._run(ops.create_collection(name, dict(options)))
+        except grpc.RpcError as exc:
+            if not (exist_ok and ops.already_exists(exc)):
+                raise
+        info = self._run(ops.describe_collection(name, options.get("timeout")))
+        return ops.same_settings(info, options)
 
     def list_collections(
         self, *, timeout: float | None = None, consistency_token: str = ""

@@ -31,6 +31,10 @@ def test_async_embed_and_collections(target):
             info = await c.create_collection("a", lexical_index=True, chunking={"max_tokens": 32})
             assert info.chunking.max_tokens == 32 and info.lexical_index
             assert [x.name for x in await c.list_collections()] == ["a"]
+            again = await c.create_collection("a", exist_ok=True, lexical_index=True)
+            assert again.created_at == info.created_at
+            with pytest.raises(ValueError, match="lexical_index"):
+                await c.create_collection("a", exist_ok=True, lexical_index=False)
             assert (await c.describe_collection("a")).count == 0
             assert await c.delete_collection("a") is True
             with pytest.raises(grpc.RpcError) as err:

@@ -71,6 +71,23 @@ def test_collection_lifecycle_with_options(client):
         client.create_collection("c3", metric="hamming")
 
 
+def test_create_collection_exist_ok_returns_the_one_there(client):
+    made = client.create_collection("q", metric="ip", chunking=False)
+    client.upsert("q", [{"id": "1", "text": "kept across runs"}])
+    with pytest.raises(grpc.RpcError) as e:
+        client.create_collection("q", metric="ip")
+    assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    again = client.create_collection("q", exist_ok=True, metric="ip", chunking=False)
+    assert (again.name, again.metric, again.count) == ("q", "ip", 1)
+    assert again.created_at == made.created_at
+    assert client.create_collection("q", exist_ok=True).count == 1  # defaults: not compared
+    with pytest.raises(ValueError, match="exists with metric='ip', not 'cosine'"):
+        client.create_collection("q", exist_ok=True, metric="cosine")
+    with pytest.raises(ValueError, match="exists with chunking=False, not True"):
+        client.create_collection("q", exist_ok=True, chunking=True)
+    assert client.create_collection("fresh", exist_ok=True).name == "fresh"
+
+
 def test_upsert_batches_by_count_and_bytes(client):
     client.create_collection("b")
     items = [Item(str(i), f"item number {i} " + "word " * 20) for i in range(10)]

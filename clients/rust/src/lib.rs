@@ -454,6 +454,18 @@ impl Client {
         .await
     }
 
+    /// [`Client::create_collection`] that, when the name is taken (`AlreadyExists`),
+    /// returns that collection as `describe_collection` does: a program that creates its
+    /// collection can run again (Python's `create_collection(exist_ok=True)`).
+    pub async fn get_or_create_collection(&self, name: &str) -> Result<v1::CollectionInfo, Status> {
+        match self.create_collection(name).await {
+            Err(e) if e.code() == tonic::Code::AlreadyExists => {
+                self.describe_collection(name, "").await
+            }
+            other => other,
+        }
+    }
+
     pub async fn create_collection_with(
         &self,
         req: v1::CreateCollectionRequest,
