@@ -105,6 +105,9 @@ class BodyTooLarge(Exception):
 class EmbeddingsRequest:
     texts: list[str]
     base64: bool  # encoding_format "base64": little-endian float32, as OpenAI
+    # TEI's choice: true (the default) cuts a text at the model's window, as the gRPC Embed
+    # does; false refuses a longer one with 400, as OpenAI's API does
+    truncate: bool = True
 
 
 def parse_embeddings(body: bytes, dim: int) -> EmbeddingsRequest:
@@ -134,7 +137,10 @@ def parse_embeddings(body: bytes, dim: int) -> EmbeddingsRequest:
             f"dimensions {dims!r} is not supported: this model's vectors have {dim} "
             f"dimensions and are not shortened; omit dimensions or send {dim}",
         )
-    return EmbeddingsRequest(texts, base64=fmt == "base64")
+    truncate = data.get("truncate", True)
+    if type(truncate) is not bool:
+        raise FieldError("truncate", f"truncate must be true or false, not {_json_type(truncate)}")
+    return EmbeddingsRequest(texts, base64=fmt == "base64", truncate=truncate)
 
 
 def _texts(value: Any) -> list[str]:
@@ -247,7 +253,8 @@ class OpenAIApi:
         would stall the event loop)."""
         req = parse_embeddings(body, self.embedding.dim)
         try:
-            result = self.embedding.embed(req.texts, allow_empty_text=False, field="input")
+            result = self.embedding.embed(req.texts, truncate=req.truncate,
+                                          allow_empty_text=False, field="input")
         except InvalidArgument as exc:  # the texts' limits: the field is `input`
             raise FieldError("input", str(exc)) from None
         return encode_embeddings(result, req.base64)

@@ -186,6 +186,23 @@ def test_through_the_client_errors_keep_their_shape(srv):
         c.embeddings.create(input=["x" * 1001], model="m")
 
 
+def test_over_long_input_is_cut_by_default_and_refused_with_truncate_false(srv):
+    long = "w " * 300  # 302 tokens of the fake embedder; its window is 256
+    status, _, got = request(srv, "/v1/embeddings", {"input": [long, "short"], "model": "m"})
+    assert status == 200 and got["usage"]["prompt_tokens"] == 256 + 3
+    status, _, got = request(srv, "/v1/embeddings",
+                             {"input": ["short", long], "model": "m", "truncate": False})
+    assert status == 400 and got["error"]["param"] == "input", got
+    assert "input[1] has 302 tokens, over the model's max_seq_length 256" in (
+        got["error"]["message"])
+    with pytest.raises(openai.BadRequestError, match="truncate is false"):  # as OpenAI answers
+        client(srv).embeddings.create(input=long, model="m", extra_body={"truncate": False})
+    ok = client(srv).embeddings.create(input="short", model="m", extra_body={"truncate": False})
+    assert ok.usage.prompt_tokens == 3
+    status, _, got = request(srv, "/v1/embeddings", {"input": "a", "truncate": "no"})
+    assert status == 400 and got["error"]["param"] == "truncate"
+
+
 def test_a_body_over_the_message_limit_is_413(srv):
     too_big = ["w " * 400] * 400  # about 320 KB of JSON; max_message_bytes is 256 KiB
     with pytest.raises(openai.APIStatusError) as e:
