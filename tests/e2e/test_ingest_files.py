@@ -203,12 +203,15 @@ def test_a_sized_deadline_grows_with_the_text():
         timeout, metadata = 60.0, []
 
     writer = GrpcDocWriter.__new__(GrpcDocWriter)
-    writer.conn, writer.collection, writer.seconds_per_mib = Conn(), "kb", 240.0
-    seen = []
+    writer.conn, writer.collection, writer.seconds_per_mib = Conn(), "kb", 600.0
+    writer.slowest, seen = 0.0, []
     writer.index = type("S", (), {"Upsert": staticmethod(
         lambda request, timeout, metadata: seen.append(timeout) or index_pb2.UpsertResponse())})
     writer.upsert([Doc(id="big.txt", text="x" * (4 << 20))])
-    assert seen == [60.0 + 4 * 240.0]
+    assert seen == [60.0 + 4 * 600.0]
+    writer.slowest = 200.0  # a run whose server took 200 s per MiB so far
+    writer.upsert([Doc(id="big.txt", text="x" * (2 << 20))])
+    assert seen[-1] == 60.0 + 2 * 4 * 200.0
 
 
 @pytest.mark.ray

@@ -53,9 +53,13 @@ MIN_PROBE_COSINE = 0.9999
 RETRIES = 6
 SHOWN_BAD_ROWS = 20
 # The server chunks and embeds a document within its Upsert, so that call's deadline grows
-# with the text it carries: --timeout, plus this many seconds per MiB (a loaded 2-core CPU
-# server embeds a MiB of prose in about a minute with all-MiniLM-L6-v2).
-SECONDS_PER_MIB = 240.0
+# with the text it carries: --timeout, plus this many seconds per MiB, or SLOWER_THAN_SEEN
+# times the slowest rate this run has seen, if that is more. A quiet 2-core CPU server
+# embeds a MiB of prose in 60-90 s with all-MiniLM-L6-v2 (BENCHMARKS.md section 13); shared
+# with other work it took several times that, and a deadline is only there to give up on
+# a server that stopped answering (it cancels the embedding).
+SECONDS_PER_MIB = 600.0
+SLOWER_THAN_SEEN = 4.0
 # What `ragplane ingest` exits with: 0 everything written; FAILED_SOME: the run went through
 # the whole input but some files (or rows, with --on-bad-row fail) were not written, each
 # listed; FAILED_RUN: the run itself failed (the server unreachable or refusing the key, the
@@ -108,14 +112,16 @@ class GrpcWriter:
 class GrpcDocWriter:
     """`folder.DocWriter` over gRPC: documents go as text items without a vector, which the
     server chunks and embeds (so there is nothing to probe); what is stored is asked with
-    Get. Retried as `GrpcWriter` does. An Upsert's deadline is --timeout plus
-    `seconds_per_mib` for each MiB of its texts; a batch that still fails (for a reason of its
-    own, not the server's absence) is BatchFailed."""
+    Get. Retried as `GrpcWriter` does. An Upsert's deadline is --timeout plus, per MiB of
+    its texts, `seconds_per_mib` or SLOWER_THAN_SEEN times the slowest s/MiB of this run's
+    upserts so far (a server slowed by load gets room in proportion); a batch that still
+    fails (for a reason of its own, not the server's absence) is BatchFailed."""
 
     def __init__(self, conn: Conn, collection: str,
                  seconds_per_mib: float = SECONDS_PER_MIB) -> None:
         self.conn, self.collection = conn, collection
         self.seconds_per_mib = seconds_per_mib
+        self.slowest = 0.0  # s/MiB of this run's upserts of at least 64 KiB
         self.index = index_pb2_grpc.IndexServiceStub(conn.channel())
 
     def stored(self, ids: list[str]) -> dict[str, str]:
@@ -131,9 +137,14 @@ class GrpcDocWriter:
             for d in docs
         ])
         mib = sum(len(d.text.encode("utf-8")) for d in docs) / (1 << 20)
-        deadline = self.conn.timeout + self.seconds_per_mib * mib
+        per_mib = max(self.seconds_per_mib, SLOWER_THAN_SEEN * self.slowest)
+        deadline = self.conn.timeout + per_mib * mib
+        t0 = time.monotonic()
         try:
-            return int(_retrying(self.index.Upsert, request, self.conn, deadline).chunks)
+            chunks = int(_retrying(self.index.Upsert, request, self.conn, deadline).chunks)
+            if mib >= 1 / 16:  # small ones are mostly the call's own cost
+                self.slowest = max(self.slowest, (time.monotonic() - t0) / mib)
+            return chunks
         except grpc.RpcError as exc:
             if exc.code() in _RUN_CODES:
                 raise
