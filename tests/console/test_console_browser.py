@@ -88,6 +88,8 @@ def test_playground_shows_the_search_rpcs_top_5_with_its_chunks(browser, console
     assert len(rpc.hits) == 5
     qs = urllib.parse.urlencode({"collection": "docs", "text": QUERY, "top_k": 5})
     browser.get(f"{console.url}/playground?{qs}")
+    # each mode's column loads its own results (htmx), all three at once
+    wait_for(browser, f"return document.querySelector('#mode-{mode} .results')")
     hits = by_css(browser, f"#mode-{mode} article.hit")
     assert [h.get_attribute("data-id") for h in hits] == [h.id for h in rpc.hits]
     for shown, hit in zip(hits, rpc.hits, strict=True):
@@ -97,6 +99,7 @@ def test_playground_shows_the_search_rpcs_top_5_with_its_chunks(browser, console
                 for m in marks] == [(chunk.start, chunk.end)]
         assert marks[0].text.split() == hit.text[chunk.start : chunk.end].split()
     if mode == "hybrid":
+        wait_for(browser, "return document.querySelectorAll('.results').length === 3")
         screenshot(browser, "playground")
 
 

@@ -59,7 +59,7 @@ class Pages:
     def __init__(self, runtime: Any, jobs: RebuildJobs) -> None:
         self.rt = runtime
         self.jobs = jobs
-        self.playground = Playground(runtime.collections).page
+        self.playground = Playground(runtime.collections)
 
     # -- collections ---------------------------------------------------------------------
 

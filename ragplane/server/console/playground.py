@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 import numpy as np
 from starlette.requests import Request
@@ -125,33 +126,40 @@ class Playground:
         self.collections = collections
 
     def page(self, request: Request, form: dict[str, str]):
+        """The query form, and a column per mode that loads its own results (`results`):
+        the three searches run at once, and the page shows before the slowest ends."""
         names = [c.name for c in self.collections.list()]
-        q = {k: form.get(k, "") for k in ("collection", "text", "vector", "filter", "group_by",
-                                          "top_k", "group_size", "group_limit", "chunks")}
+        q = _query(form)
         q["collection"] = q["collection"] or (names[0] if names else "")
         modes = [m for m in MODES if form.get(m)] or list(MODES)
-        context: dict[str, Any] = {"names": names, "q": q, "modes": modes, "results": {}}
-        if not (form.get("text") or form.get("vector")):
-            return "playground.html", context
-        context["results"] = self._run(q, modes)
-        return "playground.html", context
+        asked = bool(form.get("text") or form.get("vector"))
+        query = urlencode({k: v for k, v in q.items() if v})
+        return "playground.html", {"names": names, "q": q, "modes": modes, "asked": asked,
+                                   "query": query}
 
-    def _run(self, q: dict[str, str], modes: list[str]) -> dict[str, Any]:
-        vector = parse_vector(q["vector"])
-        text = q["text"] if vector is None else None
-        options = dict(
-            top_k=_num(q, "top_k", 5), filter=parse_filter(q["filter"]), include_text=True,
-            include_metadata=True, chunks_per_hit=_num(q, "chunks", 1),
-            grouping=Grouping(q["group_by"].strip(), _num(q, "group_size", 0),
-                              _num(q, "group_limit", 0)),
-        )
-        results: dict[str, Any] = {}
-        for mode in modes:
-            try:
-                result, embedder = self.collections.search(
-                    q["collection"], text=text, vector=vector, mode=SearchMode(mode), **options
-                )
-                results[mode] = {"embedder": embedder, **result_view(result)}
-            except RagplaneError as exc:  # one mode's refusal; the others still show
-                results[mode] = {"error": str(exc)}
-        return results
+    def results(self, request: Request, form: dict[str, str]):
+        """One mode's results (an htmx fragment of the playground)."""
+        mode = form.get("mode", "")
+        if mode not in MODES:
+            raise InvalidArgument(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        return "_mode.html", {"mode": mode, "r": self._run(_query(form), mode)}
+
+    def _run(self, q: dict[str, str], mode: str) -> dict[str, Any]:
+        try:
+            vector = parse_vector(q["vector"])
+            grouping = Grouping(q["group_by"].strip(), _num(q, "group_size", 0),
+                                _num(q, "group_limit", 0))
+            result, embedder = self.collections.search(
+                q["collection"], text=q["text"] if vector is None else None, vector=vector,
+                mode=SearchMode(mode), top_k=_num(q, "top_k", 5),
+                filter=parse_filter(q["filter"]), include_text=True, include_metadata=True,
+                chunks_per_hit=_num(q, "chunks", 1), grouping=grouping,
+            )
+        except RagplaneError as exc:  # this mode's refusal; the other columns still show
+            return {"error": str(exc)}
+        return {"embedder": embedder, **result_view(result)}
+
+
+def _query(form: dict[str, str]) -> dict[str, str]:
+    return {k: form.get(k, "") for k in ("collection", "text", "vector", "filter", "group_by",
+                                         "top_k", "group_size", "group_limit", "chunks")}
