@@ -4,10 +4,11 @@ from) and the manager's `status()` (the ShadowStatus RPC's own function).
 
 Two kinds of series:
   * `ratio_series`: G2's time ratio, its upper 95% bound and the A/A and B/B floors per
-    traffic class, as `timing.estimate` gave them after the first n timed batches, for n
-    up to every batch stored: how the estimate and its bound converged as evidence came
-    in. Its x is the timed batch (the store keeps each timing's order; it does not hand
-    out when each was taken).
+    traffic class, as `timing.estimate` (G2's own estimator) gives them on the first n
+    timed batches the store keeps, for n up to all of them (the last point is the gate's
+    verdict): how the estimate and its bound converged as evidence came in. Its x is the
+    timed batch (the store keeps each timing's order; `stored()` does not hand out when
+    each was taken).
   * `Sampler`: snapshots of what `status()` says (cosine min / mean, the pooled ratio
     and floor, batches sampled, dropped, failed, and any other count a class reports) on
     a timer, in memory, since this server started: the x is wall-clock time.
@@ -28,7 +29,7 @@ from ragplane.server.shadow.timing import TimeRatio, Timing, estimate
 from ragplane.server.shadow.types import CaseStatus, ClassEvidence, ReleaseEvidence
 
 log = logging.getLogger(__name__)
-POINTS = 60  # per series: enough to see a trend, few enough to draw at once
+POINTS = 40  # per series: enough to see a trend, few enough to draw at once
 KEEP = 720  # snapshots per case (an hour at 5 s)
 # counts a class reports, charted as "batches": sampled, dropped, failed, and whichever
 # others the shadow adds (busy-skipped ...), found by their type and name
@@ -53,8 +54,7 @@ def ratio_series(
             rows = row.timings
             if not rows:
                 continue
-            step = 1 << max(0, math.ceil(math.log2(len(rows) / points)))  # a stable grid
-            ns = [*range(step, len(rows), step), len(rows)]
+            ns = grid(len(rows), points)
             series: dict[str, list[Any]] = {"n": [], "ratio": [], "upper": [], "aa": [],
                                             "bb": []}
             for n in ns:
@@ -66,6 +66,16 @@ def ratio_series(
                 series["bb"].append(_finite(t.bb))
             out[cls] = series
     return out
+
+
+def grid(n: int, points: int) -> list[int]:
+    """Prefix lengths 1..n spaced geometrically (the charts' x axis is logarithmic): a
+    bound narrows like 1/sqrt(n), and the points cost about 5n timings to estimate, not
+    points * n / 2 as an even spacing would (at the store's 10,000 timings per class)."""
+    if n <= points:
+        return list(range(1, n + 1))
+    ratio = n ** (1 / (points - 1))
+    return sorted({min(n, max(1, round(ratio**k))) for k in range(points)} | {n})
 
 
 _cache: dict[tuple, TimeRatio] = {}

@@ -23,7 +23,7 @@ function clock(t) {
   return new Date(t * 1000).toISOString().slice(11, 19);
 }
 
-function draw(container, title, datasets, xTitle, xTime) {
+function draw(container, title, datasets, xTitle, xTime, xLog) {
   const box = document.createElement("figure");
   box.className = "chart";
   const caption = document.createElement("figcaption");
@@ -41,7 +41,7 @@ function draw(container, title, datasets, xTitle, xTime) {
       animation: false, responsive: true, maintainAspectRatio: false, parsing: true,
       interaction: { mode: "nearest", intersect: false },
       scales: {
-        x: { type: "linear", title: { display: true, text: xTitle },
+        x: { type: xLog ? "logarithmic" : "linear", title: { display: true, text: xTitle },
              ticks: xTime ? { callback: (v) => clock(v), maxTicksLimit: 6 } : {} },
         y: { type: "linear" },
       },
@@ -59,7 +59,7 @@ function ratioCharts(container, ratio, limit, phase) {
       line(`limit ${limit}`, s.n, lim, "#111827", true),
       line("A/A floor", s.n, s.aa, COLORS[2], true),
       line("B/B floor", s.n, s.bb, COLORS[3], true),
-    ], "timed batches");
+    ], "timed batches (log scale)", false, true);
   }
 }
 
