@@ -113,3 +113,20 @@ def test_assets_come_from_the_package(console):
     _, _, page = call(console.url + "/flip", key=console.reader)
     assert "http://" not in re.sub(r"<script type=\"application/json\".*?</script>", "", page,
                                    flags=re.S).replace("http://www.w3.org", "")
+
+
+def test_a_flipped_case_shows_its_watch_and_unflips_from_the_console(console):
+    shadow = console.srv.runtime.shadow
+    shadow.flip("embeddings", force=True)  # the gates here never hold: forced, as an admin may
+    try:
+        _, _, page = call(console.url + "/flip", key=console.admin)
+        assert 'id="status-embeddings">flipped<' in page and "The watch since the flip" in page
+        assert 'id="unflip-embeddings"' in page and 'id="flip-embeddings"' not in page
+        status, headers, _ = call(console.url + "/flip/embeddings/unflip", key=console.admin,
+                                  form={"csrf": csrf_of(page)})
+        assert status == 303 and headers["location"] == "/console/flip"
+        assert shadow.serving("embeddings") == "fake@1"
+        _, _, page = call(console.url + "/flip", key=console.admin)
+        assert "admin unflip" in page  # the history names it
+    finally:
+        shadow.unflip("embeddings")
