@@ -10,7 +10,10 @@ collection). Searches: top-10 by vector over 20,000 items, 8 client threads, the
 servers that did not take the write report (`ragplane_store_apply_lag_seconds`, commit to
 applied) while Locust's mixed scenario runs against the first server.
 
-    python -m bench.cluster [--write]
+Upserts and the apply lag are measured `--runs` times (3 by default), each run on fresh
+servers and a fresh database, and reported run by run with their spread.
+
+    python -m bench.cluster [--runs 3] [--write]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import psycopg
 
 from bench.common import ROOT, table
 from bench.markdown import replace_block
@@ -227,45 +231,86 @@ def catch_up(root: Path, pg: LocalPostgres, missed: int = 100_000) -> dict:
     }
 
 
-def measure() -> dict:
+def measure(runs: int = 1) -> dict:
     root = Path(tempfile.mkdtemp(prefix="ragplane-bench-cluster-"))
     root.chmod(0o755)  # PostgreSQL runs as its own user (we may be root): it must get in
     try:
-        return _measure(root)
+        return _measure(root, runs)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _measure(root: Path) -> dict:
-    res: dict = {}
+def _measure(root: Path, runs: int = 1) -> dict:
+    """`runs` times: fresh servers on a fresh database, upserts side by side and the apply
+    lag; searches (1 and 3 servers) in the first run, catch-up once at the end."""
+    res: dict = {"runs": []}
     with LocalPostgres(root / "pg", durable=True) as pg:
-        lite = Node(root, "lite", None)
-        url = pg.create_database("one")
-        one = Node(root, "pg1", url)
-        try:
-            res["upsert_rows_s"] = upsert_rates({"SQLite": lite, "PostgreSQL": one})
+        for r in range(runs):
+            res["runs"].append(_run(root, pg, r, searches=r == 0, into=res))
+        res["upsert_rows_s"] = res["runs"][0]["upsert_rows_s"]
+        res["apply_lag"] = res["runs"][0]["apply_lag"]
+        res["catch_up"] = catch_up(root, pg)
+        with psycopg.connect(pg.url()) as c:
+            res["postgres"] = "PostgreSQL " + c.execute("SHOW server_version").fetchone()[0]
+    return res
+
+
+def _run(root: Path, pg: LocalPostgres, r: int, searches: bool, into: dict) -> dict:
+    lite = Node(root, f"lite{r}", None)
+    url = pg.create_database(f"one{r}")
+    one = Node(root, f"pg1_{r}", url)
+    out: dict = {}
+    others: list[Node] = []
+    try:
+        out["upsert_rows_s"] = upsert_rates({"SQLite": lite, "PostgreSQL": one})
+        token = ""
+        if searches:
             fill_search(lite)
             token = fill_search(one)
-            two, three = Node(root, "pg2", url), Node(root, "pg3", url)
-            for n in (two, three):  # caught up before anything is timed
+        others = [Node(root, f"pg2_{r}", url), Node(root, f"pg3_{r}", url)]
+        if searches:
+            for n in others:  # caught up before anything is timed
                 n.index.DescribeCollection(
                     index_pb2.DescribeCollectionRequest(name="s", consistency_token=token)
                 )
-            res["search_qps"] = search_rates(
+            into["search_qps"] = search_rates(
                 {
                     "SQLite, 1 server": [lite],
                     "PostgreSQL, 1 server": [one],
-                    "PostgreSQL, 3 servers": [one, two, three],
+                    "PostgreSQL, 3 servers": [one, *others],
                 }
             )
-            res["apply_lag"] = apply_lag([one, two, three])
-            for n in (two, three):
-                n.sub.stop()
-        finally:
-            lite.sub.stop()
-            one.sub.stop()
-        res["catch_up"] = catch_up(root, pg)
-    return res
+        out["apply_lag"] = apply_lag([one, *others])
+    finally:
+        for n in (lite, one, *others):
+            n.sub.stop()
+    return out
+
+
+def _runs_table(runs: list[dict], ratios: list[float]) -> str:
+    """Each run's upserts and apply lag, then the ratios' spread."""
+    rows = [
+        [
+            str(i + 1),
+            f"{r['upsert_rows_s']['SQLite']:,.0f}",
+            f"{r['upsert_rows_s']['PostgreSQL']:,.0f}",
+            f"{ratio:.2f}x",
+            " / ".join(
+                f"<= {v['p99'] * 1e3:.0f} ms"
+                for v in r["apply_lag"].values()
+                if isinstance(v, dict)
+            ),
+        ]
+        for i, (r, ratio) in enumerate(zip(runs, ratios, strict=True))
+    ]
+    head = ["run", "SQLite upserts/s", "PostgreSQL upserts/s", "PostgreSQL / SQLite",
+            "apply lag p99 (both other servers)"]
+    return (
+        table(head, rows) + "\n\n"
+        f"Upserts, PostgreSQL / SQLite over the {len(runs)} runs: {min(ratios):.2f}x to "
+        f"{max(ratios):.2f}x (spread {max(ratios) - min(ratios):.2f}, mean "
+        f"{sum(ratios) / len(ratios):.2f}x)."
+    )
 
 
 def markdown(res: dict) -> str:
@@ -275,13 +320,15 @@ def markdown(res: dict) -> str:
     qps = res["search_qps"]
     lag = {k: v for k, v in res["apply_lag"].items() if isinstance(v, dict)}
     cu = res["catch_up"]
+    runs = res.get("runs") or [{"upsert_rows_s": up, "apply_lag": res["apply_lag"]}]
+    ratios = [r["upsert_rows_s"]["PostgreSQL"] / r["upsert_rows_s"]["SQLite"] for r in runs]
     rows = [
         [
-            "upsert rows/s (batches of 200, 384 dims)",
+            f"upsert rows/s (batches of 200, 384 dims; run 1 of {len(runs)})",
             f"{up['SQLite']:,.0f}",
             f"{up['PostgreSQL']:,.0f}",
-            f"{up['PostgreSQL'] / up['SQLite']:.2f}x",
-            ">= 0.7x",
+            f"{min(ratios):.2f}-{max(ratios):.2f}x in {len(runs)} runs",
+            ">= 0.7x in each",
         ],
         [
             "search QPS (top-10, 20,000 items, 8 threads)",
@@ -293,7 +340,7 @@ def markdown(res: dict) -> str:
     ]
     out = [
         f"CPU: {model} ({ext}), {len(__import__('os').sched_getaffinity(0))} cores; "
-        "PostgreSQL 15 on the same machine, fsync on.",
+        f"{res.get('postgres', 'PostgreSQL')} on the same machine, fsync on.",
         "",
         table(["", "SQLite", "PostgreSQL", "PostgreSQL / SQLite", "goal"], rows),
         "",
@@ -329,6 +376,8 @@ def markdown(res: dict) -> str:
             ],
         ),
         "",
+        _runs_table(runs, ratios),
+        "",
         f"Catch-up: a server restarted after missing {cu['missed']:,} writes (1,000 per "
         f"upsert, {cu['write_s']:.0f} s to write) served after {cu['catch_up_start_s']:.1f} s, "
         f"against {cu['start_s']:.1f} s for a start with nothing missed; it answered "
@@ -342,8 +391,10 @@ def markdown(res: dict) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__)
     p.add_argument("--write", action="store_true", help=f"update BENCHMARKS.md's {KEY} block")
+    p.add_argument("--runs", type=int, default=3,
+                   help="runs of the upserts and the apply lag, each on fresh servers")
     a = p.parse_args()
-    res = measure()
+    res = measure(a.runs)
     md = markdown(res)
     print(md)
     import json

@@ -443,8 +443,9 @@ class SharedEngine:
         params: IndexParams | None, reembed: Callable | None, embedder: str | None,
         min_recall: float, progress: Callable | None,
     ) -> None:
-        """A re-embedding rebuild runs inside its write: writes wait cluster-wide meanwhile
-        (searches go on), so every server re-embeds exactly the rows of one position."""
+        """A re-embedding rebuild runs inside its write: other writes wait within their
+        budget, then are refused with retry-after (searches go on), so every server
+        re-embeds exactly the rows of one position."""
         recording = reembed_mod.Recording(reembed) if reembed is not None else None
         op: dict[str, Any] = {"op": "rebuild", "tenant": tenant, "name": name,
                               "min_recall": 0.0, "reembed": recording is not None}
