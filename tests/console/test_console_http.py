@@ -130,3 +130,15 @@ def test_a_flipped_case_shows_its_watch_and_unflips_from_the_console(console):
         assert "admin unflip" in page  # the history names it
     finally:
         shadow.unflip("embeddings")
+
+
+def test_without_keys_a_loopback_server_opens_the_console_and_says_so(tmp_path):
+    from ragplane.testkit.harness import InProcessServer
+    from tests.console.conftest import free_port
+
+    srv = InProcessServer(tmp_path / "data", http_port=free_port())
+    try:
+        status, _, body = call(f"http://127.0.0.1:{srv.runtime.http.port}/console/collections")
+        assert status == 200 and "authentication is off" in body
+    finally:
+        srv.stop()
