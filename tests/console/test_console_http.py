@@ -142,3 +142,22 @@ def test_without_keys_a_loopback_server_opens_the_console_and_says_so(tmp_path):
         assert status == 200 and "authentication is off" in body
     finally:
         srv.stop()
+
+
+def test_playground_columns_take_filters_groups_and_vectors(console):
+    base = console.url + "/playground/results?"
+    q = {"collection": "docs", "text": "attribute access", "top_k": 3}
+    flt = '{"must": [{"field": "n", "op": "lt", "value": 2}]}'
+    _, _, body = call(base + urllib.parse.urlencode({**q, "mode": "dense", "filter": flt}),
+                      key=console.reader)
+    assert sorted(re.findall(r'data-id="([^"]+)"', body)) == ["doc-0", "doc-1"]
+    _, _, body = call(base + urllib.parse.urlencode({**q, "mode": "hybrid", "group_by": "lang"}),
+                      key=console.reader)
+    assert '<h3 class="group">en</h3>' in body
+    vec = ",".join(["0.125"] * 64)
+    _, _, body = call(base + urllib.parse.urlencode({**q, "text": "", "vector": vec,
+                                                     "mode": "dense"}), key=console.reader)
+    assert len(re.findall(r'data-id="', body)) == 3
+    _, _, body = call(base + urllib.parse.urlencode({**q, "text": "", "vector": vec,
+                                                     "mode": "lexical"}), key=console.reader)
+    assert 'class="error"' in body and "send text" in body
