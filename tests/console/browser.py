@@ -48,12 +48,24 @@ def chrome():
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 f"--window-size={WIDTH},{HEIGHT}", "--hide-scrollbars", "--lang=en-US"):
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
 
 
+def page_errors(driver) -> list[str]:
+    """What the page logged as errors since the last call (a script error, a refused
+    asset, a content-security-policy violation)."""
+    page = driver.current_url.split("?")[0]  # its own status (a 401 sign-in) is the test's
+    return [e["message"] for e in driver.get_log("browser")
+            if e["level"] == "SEVERE" and not e["message"].startswith(page + " ")]
+
+
 def screenshot(driver, name: str) -> Path:
-    """The viewport (1280x800) as ARTIFACTS/<name>.png."""
+    """The viewport (1280x800) as ARTIFACTS/<name>.png; fails when the page logged an
+    error."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     driver.save_screenshot(str(path))
+    errors = page_errors(driver)
+    assert not errors, f"the {name} page logged errors: {errors}"
     return path

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import parse_qsl, quote
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import jinja2
 from starlette.applications import Starlette
@@ -57,6 +57,18 @@ class ConsoleRuntime(Protocol):
     engine: Any
     started_at: float
 
+
+#: Every page: scripts and styles only from the package (no inline script runs, no other
+#: site frames a page to click its buttons), nothing cached (pages show a tenant's data).
+SECURITY_HEADERS = {
+    "content-security-policy": (
+        "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
+        "form-action 'self'; frame-ancestors 'none'"
+    ),
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+    "cache-control": "no-store",
+}
 
 Work = Callable[[Request, dict[str, str]], "tuple[str, dict[str, Any]] | Response"]
 
@@ -145,8 +157,8 @@ class Console:
                 response = self._error(request, principal, exc)
         except Exception as exc:
             response = self._error(request, principal, exc)
+        response.headers.update(SECURITY_HEADERS)
         response.headers["x-request-id"] = rid
-        response.headers["cache-control"] = "no-store"
         self.metrics.observe_http(route, response.status_code, time.perf_counter() - t0)
         return response
 
@@ -176,7 +188,10 @@ class Console:
             status, name, message = HTTP_STATUS_OF.get(code, 500), code.name.lower(), str(exc)
         if isinstance(exc, ResourceExhausted):
             headers["retry-after"] = str(max(1, math.ceil(exc.retry_after)))
-        context = {"status": status, "code": name, "message": message}
+        ref = urlsplit(request.headers.get("referer", ""))
+        back = ref.path if ref.netloc == request.url.netloc and ref.path.startswith(
+            "/console/") else "/console/collections"
+        context = {"status": status, "code": name, "message": message, "back": back}
         response = self._render(request, principal, "error.html", context, status)
         response.headers.update(headers)
         return response
@@ -189,7 +204,9 @@ class Console:
     async def _login_form(self, request: Request, error: str = "", status: int = 200) -> Response:
         nxt = request.query_params.get("next", "")
         context = {"next": nxt if nxt.startswith("/console/") else "", "error": error}
-        return self._render(request, None, "login.html", context, status)
+        response = self._render(request, None, "login.html", context, status)
+        response.headers.update(SECURITY_HEADERS)
+        return response
 
     async def _login(self, request: Request) -> Response:
         form = dict(parse_qsl((await request.body()).decode("utf-8", "replace")))
