@@ -49,7 +49,12 @@ def chrome():
                 f"--window-size={WIDTH},{HEIGHT}", "--hide-scrollbars", "--lang=en-US"):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
+    chromium = webdriver.Chrome(service=Service(executable_path=driver), options=options)
+    # the window's size counts the browser's own frame even headless: the page's viewport
+    # (what a screenshot holds) is set exactly
+    chromium.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+        "width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False})
+    return chromium
 
 
 def page_errors(driver) -> list[str]:
@@ -63,6 +68,8 @@ def page_errors(driver) -> list[str]:
 def screenshot(driver, name: str) -> Path:
     """The viewport (1280x800) as ARTIFACTS/<name>.png; fails when the page logged an
     error."""
+    size = driver.execute_script("return [window.innerWidth, window.innerHeight]")
+    assert size == [WIDTH, HEIGHT], size
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     driver.save_screenshot(str(path))

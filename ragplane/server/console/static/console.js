@@ -14,7 +14,8 @@ const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2"
 function line(label, xs, ys, color, dashed) {
   return {
     label, data: xs.map((x, i) => ({ x, y: ys[i] })), borderColor: color,
-    backgroundColor: color, borderWidth: dashed ? 1.5 : 2, pointRadius: 0, spanGaps: true,
+    backgroundColor: color, borderWidth: dashed ? 1.5 : 2, spanGaps: true,
+    pointRadius: xs.length < 30 && !dashed ? 2.5 : 0,  // a first sample shows as a dot
     borderDash: dashed ? [6, 4] : [],
   };
 }
@@ -23,7 +24,7 @@ function clock(t) {
   return new Date(t * 1000).toISOString().slice(11, 19);
 }
 
-function draw(container, title, datasets, xTitle, xTime, xLog) {
+function draw(container, title, datasets, xTitle, xTime, xLog, yMax) {
   const box = document.createElement("figure");
   box.className = "chart";
   const caption = document.createElement("figcaption");
@@ -43,7 +44,7 @@ function draw(container, title, datasets, xTitle, xTime, xLog) {
       scales: {
         x: { type: xLog ? "logarithmic" : "linear", title: { display: true, text: xTitle },
              ticks: xTime ? { callback: (v) => clock(v), maxTicksLimit: 6 } : {} },
-        y: { type: "linear" },
+        y: yMax ? { type: "linear", min: 0, max: yMax } : { type: "linear" },
       },
       plugins: { legend: { labels: { boxWidth: 12 } } },
     },
@@ -53,13 +54,17 @@ function draw(container, title, datasets, xTitle, xTime, xLog) {
 function ratioCharts(container, ratio, limit, phase) {
   for (const [cls, s] of Object.entries(ratio)) {
     const lim = s.n.map(() => limit);
+    // the bound is wide while few batches are timed: it leaves the top, where the table
+    // gives its number, rather than flatten the ratio against the limit
+    const seen = [...s.ratio, ...s.aa, ...s.bb].filter((v) => v !== null);
+    const top = Math.ceil(Math.max(limit * 1.5, ...seen) * 11) / 10;
     draw(container, `${phase}: G2 time ratio, ${cls} texts`, [
       line("ratio", s.n, s.ratio, COLORS[0]),
       line("upper 95%", s.n, s.upper, COLORS[1]),
       line(`limit ${limit}`, s.n, lim, "#111827", true),
       line("A/A floor", s.n, s.aa, COLORS[2], true),
       line("B/B floor", s.n, s.bb, COLORS[3], true),
-    ], "timed batches (log scale)", false, true);
+    ], "timed batches (log scale)", false, true, top);
   }
 }
 
