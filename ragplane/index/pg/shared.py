@@ -29,7 +29,7 @@ from ragplane.index import catalog
 from ragplane.index.engine import Engine
 from ragplane.index.pg import codec, failures
 from ragplane.index.pg import reembed as reembed_mod
-from ragplane.index.pg.log import Change, budget
+from ragplane.index.pg.log import CHANNEL, Change, budget
 from ragplane.index.pg.replica import Replica
 from ragplane.index.types import (
     Chunking,
@@ -43,23 +43,35 @@ from ragplane.index.types import (
 )
 from ragplane.index.validate import check_ids
 
-# One statement per upsert (arrays unnested server-side): executemany's row-at-a-time
-# statements cost more than the local SQLite write they stand beside.
 log = logging.getLogger(__name__)
 
-# The same for ids that are new at the position (most upserts): no speculative insertion.
-_INSERT_ITEMS = (
+# One statement per upsert (arrays unnested server-side): executemany's row-at-a-time
+# statements cost more than the local SQLite write they stand beside.
+
+_ITEMS = (
     "INSERT INTO rp_items (tenant, kind, coll, id, pos, body, vectors) "
-    "SELECT %s, %s, %s, b->>'id', h.pos, b, v FROM rp_head h, unnest("
+    "SELECT %s, %s, %s, b->>'id', h.pos, b, v FROM {head} h, unnest("
     "ARRAY(SELECT jsonb_array_elements(%s::text::jsonb)), %b::bytea[]) AS t(b, v)"
 )
-_UPSERT_ITEMS = (
-    "INSERT INTO rp_items (tenant, kind, coll, id, pos, body, vectors) "
-    "SELECT %s, %s, %s, b->>'id', h.pos, b, v FROM rp_head h, unnest("
-    "ARRAY(SELECT jsonb_array_elements(%s::text::jsonb)), %b::bytea[]) AS t(b, v) "
-    "ON CONFLICT (tenant, kind, coll, id) DO UPDATE "
+_ON_CONFLICT = (
+    " ON CONFLICT (tenant, kind, coll, id) DO UPDATE "
     "SET pos = EXCLUDED.pos, body = EXCLUDED.body, vectors = EXCLUDED.vectors"
 )
+# The head already bumped in this transaction (a write that holds its lock).
+_UPSERT_ITEMS = _ITEMS.format(head="rp_head") + _ON_CONFLICT
+# An upsert sent ahead, as one statement: the head's bump guarded by the position this
+# server expects (another server's write first: no row, nothing written), the items
+# (new ids by a plain INSERT: no speculative insertion), the NOTIFY and the log entry.
+_AHEAD = (
+    "WITH h AS (UPDATE rp_head SET pos = pos + 1 WHERE pos = %s RETURNING pos), "
+    "i AS ({items}), "
+    "n AS (SELECT pg_notify('" + CHANNEL + "', pos::text) FROM h), "
+    "l AS (INSERT INTO rp_changes (pos, op, vectors, at) "
+    "SELECT pos, %s, NULL, clock_timestamp() FROM h) "
+    "SELECT pos, (SELECT count(*) FROM n) FROM h"
+)
+_AHEAD_NEW = _AHEAD.format(items=_ITEMS.format(head="h"))
+_AHEAD_ANY = _AHEAD.format(items=_ITEMS.format(head="h") + _ON_CONFLICT)
 
 
 class _Behind(Exception):
@@ -327,12 +339,13 @@ class SharedEngine:
 
     def _upsert_ahead(self, tenant: str, name: str, records: list[Record], op: dict[str, Any],
                       args: tuple) -> int:
-        """One try, under the replica's lock, returning the position. The statements and
-        the transaction's start go out in one pipeline, PostgreSQL running them while the
-        items are checked here; then COMMIT goes out, guarded (rp_expect_head) by the
-        position this server expects (another server's write in between fails it: _Behind),
-        and the items are written here in an open SQLite transaction, which commits once
-        PostgreSQL's did and rolls back when it did not."""
+        """One try, under the replica's lock, returning the position. The transaction's
+        start and one statement (`_AHEAD`: the head's bump guarded by the position this
+        server expects, the items, the NOTIFY, the log entry) go out in one pipeline,
+        PostgreSQL running them while the items are checked here; then COMMIT goes out
+        while the items are written here in an open SQLite transaction, which commits once
+        PostgreSQL's did and rolls back when it did not. Another server's write first
+        leaves the guard without a row (or the plain INSERT with a duplicate key): _Behind."""
         rep = self.replica
         expect = rep.applied + 1
         ids = [r.id for r in records]
@@ -340,9 +353,8 @@ class SharedEngine:
         with rep.store.write_ahead() as (c, pipe):
             try:
                 with _outcome():  # (a pipelined statement may raise an earlier one's error)
-                    c.execute(_INSERT_ITEMS if new else _UPSERT_ITEMS, args)
-                    rep.store.append(c, op)
-                    c.execute("SELECT rp_expect_head(%s)", (expect,))
+                    cur = c.execute(_AHEAD_NEW if new else _AHEAD_ANY,
+                                    (expect - 1, *args, Jsonb(op)))
             except InvalidArgument:  # PostgreSQL refused them
                 _drain(pipe)
                 self.local.stage_upsert(tenant, name, records)  # this check says why, if it can
@@ -351,11 +363,13 @@ class SharedEngine:
                 staged = self.local.stage_upsert(tenant, name, records)
             except (InvalidArgument, NotFound) as exc:
                 try:
-                    with _outcome():  # behind: checked against an old state (_Behind)
+                    with _outcome():
                         pipe.sync()
                 except InvalidArgument:  # PostgreSQL refused them too: this check says why
                     _drain(pipe)
                     raise exc from None
+                if cur.fetchone() is None:  # behind: checked against an old state
+                    raise _Behind from exc
                 raise
             rep.writing = expect  # its NOTIFY is no news to the follower
 
@@ -363,6 +377,8 @@ class SharedEngine:
                 with _outcome(rep.store):
                     c.execute("COMMIT")
                     pipe.sync()
+                if cur.fetchone() is None:  # another server's write first: nothing written
+                    raise _Behind
 
             self._commit_both(staged, expect, commit)
         return expect
