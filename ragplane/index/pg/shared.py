@@ -13,10 +13,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import psycopg
 from psycopg.types.json import Jsonb
 
 from ragplane.core.errors import (
@@ -27,9 +26,10 @@ from ragplane.core.errors import (
 )
 from ragplane.index import catalog
 from ragplane.index.engine import Engine
-from ragplane.index.pg import codec, failures
+from ragplane.index.pg import codec
 from ragplane.index.pg import reembed as reembed_mod
-from ragplane.index.pg.log import CHANNEL, Change, budget
+from ragplane.index.pg import upsert_sql as sql
+from ragplane.index.pg.log import Change, budget
 from ragplane.index.pg.replica import Replica
 from ragplane.index.types import (
     Chunking,
@@ -44,66 +44,6 @@ from ragplane.index.types import (
 from ragplane.index.validate import check_ids
 
 log = logging.getLogger(__name__)
-
-# One statement per upsert (arrays unnested server-side): executemany's row-at-a-time
-# statements cost more than the local SQLite write they stand beside.
-
-_ITEMS = (
-    "INSERT INTO rp_items (tenant, kind, coll, id, pos, body, vectors) "
-    "SELECT %s, %s, %s, b->>'id', h.pos, b, v FROM {head} h, unnest("
-    "ARRAY(SELECT jsonb_array_elements(%s::text::jsonb)), %b::bytea[]) AS t(b, v)"
-)
-_ON_CONFLICT = (
-    " ON CONFLICT (tenant, kind, coll, id) DO UPDATE "
-    "SET pos = EXCLUDED.pos, body = EXCLUDED.body, vectors = EXCLUDED.vectors"
-)
-# The head already bumped in this transaction (a write that holds its lock).
-_UPSERT_ITEMS = _ITEMS.format(head="rp_head") + _ON_CONFLICT
-# An upsert sent ahead, as one statement: the head's bump guarded by the position this
-# server expects (another server's write first: no row, nothing written), the items
-# (new ids by a plain INSERT: no speculative insertion), the NOTIFY and the log entry.
-_AHEAD = (
-    "WITH h AS (UPDATE rp_head SET pos = pos + 1 WHERE pos = %s RETURNING pos), "
-    "i AS ({items}), "
-    "n AS (SELECT pg_notify('" + CHANNEL + "', pos::text) FROM h), "
-    "l AS (INSERT INTO rp_changes (pos, op, vectors, at) "
-    "SELECT pos, %s, NULL, clock_timestamp() FROM h) "
-    "SELECT pos, (SELECT count(*) FROM n) FROM h"
-)
-_AHEAD_NEW = _AHEAD.format(items=_ITEMS.format(head="h"))
-_AHEAD_ANY = _AHEAD.format(items=_ITEMS.format(head="h") + _ON_CONFLICT)
-
-
-class _Behind(Exception):
-    """Raised inside a write that found another server's change before its own."""
-
-
-def _drain(pipe: psycopg.Pipeline) -> None:
-    """Close a pipeline that an error aborted (rather than have its exit log a warning)."""
-    with contextlib.suppress(psycopg.Error):
-        pipe.sync()
-
-
-@contextlib.contextmanager
-def _outcome(committing: Any = None) -> Iterator[None]:
-    """Errors of a pipelined upsert: another server's write first is _Behind, input
-    PostgreSQL refuses (duplicate ids, a NUL character) InvalidArgument; with the COMMIT
-    sent (`committing`: the PgStore), a line lost leaves the outcome unknown. The rest
-    go on to the store's translation (`failures`)."""
-    try:
-        yield
-    except (psycopg.errors.SerializationFailure, psycopg.errors.UniqueViolation) as exc:
-        raise _Behind from exc  # (an id new here but not there: another server's write)
-    except (psycopg.errors.DataError, psycopg.errors.CardinalityViolation) as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise InvalidArgument(
-            f"PostgreSQL refused these items ({first}); correct the items and retry"
-        ) from exc
-    except psycopg.Error as exc:
-        if committing is None or failures.refused(exc):
-            raise
-        raise committing.lost_at_commit() from exc
-
 
 class _NothingToLog(Exception):
     """Raised inside a write that changes nothing: its transaction rolls back."""
@@ -296,7 +236,7 @@ class SharedEngine:
                 try:
                     rep.advance(self._upsert_ahead(tenant, name, records, op, args))
                     return len(records)
-                except _Behind:  # nothing committed: again, first in line
+                except sql.Behind:  # nothing committed: again, first in line
                     pass
             self._upsert_locked(tenant, name, records, args)
         return len(records)
@@ -314,7 +254,7 @@ class SharedEngine:
                 staged = self.local.stage_upsert(tenant, name, records)
                 op = {"op": "upsert", "tenant": tenant, "name": name, "kind": self.kind.value,
                       "dim": self.local.describe(tenant, name).dim, "count": len(records)}
-                c.execute(_UPSERT_ITEMS, args)
+                c.execute(sql.UPSERT_ITEMS, args)
                 rep.store.append(c, op, b"", pos)
                 rep.writing = pos
                 self._commit_both(staged, pos, lambda: rep.store.commit(c))
@@ -345,40 +285,40 @@ class SharedEngine:
         PostgreSQL running them while the items are checked here; then COMMIT goes out
         while the items are written here in an open SQLite transaction, which commits once
         PostgreSQL's did and rolls back when it did not. Another server's write first
-        leaves the guard without a row (or the plain INSERT with a duplicate key): _Behind."""
+        leaves the guard without a row (or the plain INSERT with a duplicate key): sql.Behind."""
         rep = self.replica
         expect = rep.applied + 1
         ids = [r.id for r in records]
         new = len(set(ids)) == len(ids) and not self.local.live_among(tenant, name, ids)
         with rep.store.write_ahead() as (c, pipe):
             try:
-                with _outcome():  # (a pipelined statement may raise an earlier one's error)
-                    cur = c.execute(_AHEAD_NEW if new else _AHEAD_ANY,
+                with sql.outcome():  # (a pipelined statement may raise an earlier one's error)
+                    cur = c.execute(sql.AHEAD_NEW if new else sql.AHEAD_ANY,
                                     (expect - 1, *args, Jsonb(op)))
             except InvalidArgument:  # PostgreSQL refused them
-                _drain(pipe)
+                sql.drain(pipe)
                 self.local.stage_upsert(tenant, name, records)  # this check says why, if it can
                 raise
             try:
                 staged = self.local.stage_upsert(tenant, name, records)
             except (InvalidArgument, NotFound) as exc:
                 try:
-                    with _outcome():
+                    with sql.outcome():
                         pipe.sync()
                 except InvalidArgument:  # PostgreSQL refused them too: this check says why
-                    _drain(pipe)
+                    sql.drain(pipe)
                     raise exc from None
                 if cur.fetchone() is None:  # behind: checked against an old state
-                    raise _Behind from exc
+                    raise sql.Behind from exc
                 raise
             rep.writing = expect  # its NOTIFY is no news to the follower
 
             def commit() -> None:
-                with _outcome(rep.store):
+                with sql.outcome(rep.store):
                     c.execute("COMMIT")
                     pipe.sync()
                 if cur.fetchone() is None:  # another server's write first: nothing written
-                    raise _Behind
+                    raise sql.Behind
 
             self._commit_both(staged, expect, commit)
         return expect
