@@ -50,6 +50,7 @@ from ragplane.server.shadow.config import PairConfig, discover_koder_toml, load_
 from ragplane.server.shadow.evidence import EvidenceStore
 from ragplane.server.shadow.manager import ShadowManager
 from ragplane.server.shadow.releases import ReleaseHistory, history_beside
+from ragplane.server.shadow.signing import Signer
 from ragplane.server.shadow.types import CaseStatus
 from ragplane.v1 import (
     admin_pb2,
@@ -279,6 +280,7 @@ def _build_shadow(
         busy=busy,
         history=history,
         unavailable=unavailable,
+        signer=Signer.in_dir(data_dir),
     )
 
 

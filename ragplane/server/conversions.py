@@ -420,7 +420,7 @@ def _gates_from_pb(gates) -> tuple[GateResult, ...]:
     return tuple(GateResult(g.name, g.passed, g.value, g.missing) for g in gates)
 
 
-_LISTS = ("gates", "releases", "history", "watch")
+_LISTS = ("gates", "releases", "history", "watch", "watch_releases")
 _CASE_FIELDS = [f.name for f in dataclasses.fields(CaseStatus) if f.name not in _LISTS]
 
 
@@ -431,6 +431,7 @@ def shadow_case_to_pb(c: CaseStatus) -> admin_pb2.ShadowCase:
         releases=[release_evidence_to_pb(r) for r in c.releases],
         history=[admin_pb2.FlipEvent(**dataclasses.asdict(h)) for h in c.history],
         watch=_gates_to_pb(c.watch),
+        watch_releases=[release_evidence_to_pb(r) for r in c.watch_releases],
     )
 
 
@@ -441,6 +442,7 @@ def shadow_case_from_pb(pb: admin_pb2.ShadowCase) -> CaseStatus:
         releases=tuple(release_evidence_from_pb(r) for r in pb.releases),
         history=tuple(FlipEvent(h.at, h.action, h.serving, h.forced, h.reason) for h in pb.history),
         watch=_gates_from_pb(pb.watch),
+        watch_releases=tuple(release_evidence_from_pb(r) for r in pb.watch_releases),
     )
 
 
@@ -472,4 +474,5 @@ def record_release_to_pb(rec: ReleaseRecord, replaced: bool, history: str):
         replaced=replaced,
         history=history,
         machine=rec.machine,
+        key_id=rec.key_id,
     )

@@ -39,8 +39,28 @@ _LATENCY_BUCKETS = (
     10,
     30,
 )
-_LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25,
-                0.35, 0.5, 0.75, 1, 2, 5, 10, 30)
+_LAG_BUCKETS = (
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.035,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.25,
+    0.35,
+    0.5,
+    0.75,
+    1,
+    2,
+    5,
+    10,
+    30,
+)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -241,9 +261,22 @@ def _shadow_gauges(cases: Sequence[CaseStatus]) -> Iterator[GaugeMetricFamily]:
         "Samples dropped on a full queue",
         labels=["use_case", "shadow"],
     )
+    offered = GaugeMetricFamily(
+        "ragplane_shadow_batches",
+        "Batches offered to the shadow per phase and traffic class, by outcome: sampled "
+        "(compared or failed; busy_sampled of them under load), skipped_busy, dropped; "
+        "offered = sampled + skipped_busy + dropped",
+        labels=["use_case", "shadow", "phase", "class", "outcome"],
+    )
     for case in cases:
-        for r in case.releases:
+        for r in (*case.releases, *case.watch_releases):
             if r.shadow != case.shadow or r.hardware != case.hardware:
+                continue
+            for k in r.classes:
+                for outcome in ("sampled", "busy_sampled", "skipped_busy", "dropped"):
+                    labels = [case.use_case, r.shadow, r.phase, k.name, outcome]
+                    offered.add_metric(labels, getattr(k, outcome))
+            if r.phase != "shadow":
                 continue
             for stat, v in (
                 ("min", r.cosine_min),
@@ -264,4 +297,4 @@ def _shadow_gauges(cases: Sequence[CaseStatus]) -> Iterator[GaugeMetricFamily]:
         for g in case.gates:
             gate.add_metric([case.use_case, g.name.split()[0]], 1.0 if g.passed else 0.0)
         flipped.add_metric([case.use_case], 1.0 if case.status == "flipped" else 0.0)
-    yield from (agree, ratio, gate, flipped, drops, errors)
+    yield from (agree, ratio, gate, flipped, drops, errors, offered)

@@ -758,11 +758,15 @@ type ReleaseEvidence struct {
 	Canonical      string                 `protobuf:"bytes,16,opt,name=canonical,proto3" json:"canonical,omitempty"`                            // name@version it was compared against
 	Hardware       string                 `protobuf:"bytes,17,opt,name=hardware,proto3" json:"hardware,omitempty"`                              // e.g. "cpu x86_64 avx512", "gpu NVIDIA H200"
 	Phase          string                 `protobuf:"bytes,18,opt,name=phase,proto3" json:"phase,omitempty"`                                    // shadow: before a flip | watch: since the last flip
-	Seconds        float64                `protobuf:"fixed64,19,opt,name=seconds,proto3" json:"seconds,omitempty"`                              // real shadow time, first to last observation
-	Batches        int64                  `protobuf:"varint,20,opt,name=batches,proto3" json:"batches,omitempty"`                               // sampled batches (compared, failed or dropped)
+	Seconds        float64                `protobuf:"fixed64,19,opt,name=seconds,proto3" json:"seconds,omitempty"`                              // observed shadow time: gaps between samples, each <= 300 s
+	Batches        int64                  `protobuf:"varint,20,opt,name=batches,proto3" json:"batches,omitempty"`                               // offered batches (sampled, skipped busy or dropped)
 	LastError      string                 `protobuf:"bytes,21,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`           // the latest shadow error, if any
 	Classes        []*ClassEvidence       `protobuf:"bytes,22,rep,name=classes,proto3" json:"classes,omitempty"`                                // the gates judge these, not the pooled numbers
 	BbTimeRatio    float64                `protobuf:"fixed64,23,opt,name=bb_time_ratio,json=bbTimeRatio,proto3" json:"bb_time_ratio,omitempty"` // shadow / shadow floor (B/A/B batches), beside aa_time_ratio
+	Sampled        int64                  `protobuf:"varint,24,opt,name=sampled,proto3" json:"sampled,omitempty"`                               // compared or failed batches, every class
+	Compared       int64                  `protobuf:"varint,25,opt,name=compared,proto3" json:"compared,omitempty"`                             // compared batches: G3's batch minimum counts these
+	SkippedBusy    int64                  `protobuf:"varint,26,opt,name=skipped_busy,json=skippedBusy,proto3" json:"skipped_busy,omitempty"`    // offered while requests waited, not sampled (counted)
+	BusySampled    int64                  `protobuf:"varint,27,opt,name=busy_sampled,json=busySampled,proto3" json:"busy_sampled,omitempty"`    // of `sampled`, those taken while requests waited
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -958,12 +962,40 @@ func (x *ReleaseEvidence) GetBbTimeRatio() float64 {
 	return 0
 }
 
+func (x *ReleaseEvidence) GetSampled() int64 {
+	if x != nil {
+		return x.Sampled
+	}
+	return 0
+}
+
+func (x *ReleaseEvidence) GetCompared() int64 {
+	if x != nil {
+		return x.Compared
+	}
+	return 0
+}
+
+func (x *ReleaseEvidence) GetSkippedBusy() int64 {
+	if x != nil {
+		return x.SkippedBusy
+	}
+	return 0
+}
+
+func (x *ReleaseEvidence) GetBusySampled() int64 {
+	if x != nil {
+		return x.BusySampled
+	}
+	return 0
+}
+
 // The evidence of one traffic class (by the longest text of a batch, in tokens).
 type ClassEvidence struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
-	Name           string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // short | medium | window
-	Batches        int64                  `protobuf:"varint,2,opt,name=batches,proto3" json:"batches,omitempty"`
-	Share          float64                `protobuf:"fixed64,3,opt,name=share,proto3" json:"share,omitempty"` // of the release's sampled batches
+	Name           string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`        // short | medium | window
+	Batches        int64                  `protobuf:"varint,2,opt,name=batches,proto3" json:"batches,omitempty"` // offered: sampled + skipped_busy + dropped
+	Share          float64                `protobuf:"fixed64,3,opt,name=share,proto3" json:"share,omitempty"`    // of the release's offered batches
 	Samples        int64                  `protobuf:"varint,4,opt,name=samples,proto3" json:"samples,omitempty"`
 	CosineMin      float64                `protobuf:"fixed64,5,opt,name=cosine_min,json=cosineMin,proto3" json:"cosine_min,omitempty"`
 	CosineMean     float64                `protobuf:"fixed64,6,opt,name=cosine_mean,json=cosineMean,proto3" json:"cosine_mean,omitempty"`
@@ -977,6 +1009,9 @@ type ClassEvidence struct {
 	PassedG1       bool                   `protobuf:"varint,14,opt,name=passed_g1,json=passedG1,proto3" json:"passed_g1,omitempty"`
 	PassedG2       bool                   `protobuf:"varint,15,opt,name=passed_g2,json=passedG2,proto3" json:"passed_g2,omitempty"`
 	BbTimeRatio    float64                `protobuf:"fixed64,16,opt,name=bb_time_ratio,json=bbTimeRatio,proto3" json:"bb_time_ratio,omitempty"`
+	Sampled        int64                  `protobuf:"varint,17,opt,name=sampled,proto3" json:"sampled,omitempty"` // batches = sampled + skipped_busy + dropped (offered)
+	SkippedBusy    int64                  `protobuf:"varint,18,opt,name=skipped_busy,json=skippedBusy,proto3" json:"skipped_busy,omitempty"`
+	BusySampled    int64                  `protobuf:"varint,19,opt,name=busy_sampled,json=busySampled,proto3" json:"busy_sampled,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -1123,6 +1158,27 @@ func (x *ClassEvidence) GetBbTimeRatio() float64 {
 	return 0
 }
 
+func (x *ClassEvidence) GetSampled() int64 {
+	if x != nil {
+		return x.Sampled
+	}
+	return 0
+}
+
+func (x *ClassEvidence) GetSkippedBusy() int64 {
+	if x != nil {
+		return x.SkippedBusy
+	}
+	return 0
+}
+
+func (x *ClassEvidence) GetBusySampled() int64 {
+	if x != nil {
+		return x.BusySampled
+	}
+	return 0
+}
+
 type FlipEvent struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	At            float64                `protobuf:"fixed64,1,opt,name=at,proto3" json:"at,omitempty"`
@@ -1212,10 +1268,12 @@ type ShadowCase struct {
 	FlipEligible  bool                   `protobuf:"varint,9,opt,name=flip_eligible,json=flipEligible,proto3" json:"flip_eligible,omitempty"`
 	Releases      []*ReleaseEvidence     `protobuf:"bytes,10,rep,name=releases,proto3" json:"releases,omitempty"`
 	History       []*FlipEvent           `protobuf:"bytes,11,rep,name=history,proto3" json:"history,omitempty"`
-	Reason        string                 `protobuf:"bytes,12,opt,name=reason,proto3" json:"reason,omitempty"`     // why the declared shadow does not run (status "unavailable")
-	Hardware      string                 `protobuf:"bytes,13,opt,name=hardware,proto3" json:"hardware,omitempty"` // the hardware class of this decision
-	Kernel        string                 `protobuf:"bytes,14,opt,name=kernel,proto3" json:"kernel,omitempty"`     // the kernel the shadow chose (avx512, avx2, neon, portable, wgpu)
-	Watch         []*GateResult          `protobuf:"bytes,15,rep,name=watch,proto3" json:"watch,omitempty"`       // after a flip: the gates on the evidence since it
+	Reason        string                 `protobuf:"bytes,12,opt,name=reason,proto3" json:"reason,omitempty"`                                    // why the declared shadow does not run (status "unavailable")
+	Hardware      string                 `protobuf:"bytes,13,opt,name=hardware,proto3" json:"hardware,omitempty"`                                // the hardware class of this decision
+	Kernel        string                 `protobuf:"bytes,14,opt,name=kernel,proto3" json:"kernel,omitempty"`                                    // the kernel the shadow chose (avx512, avx2, neon, portable, wgpu)
+	Watch         []*GateResult          `protobuf:"bytes,15,rep,name=watch,proto3" json:"watch,omitempty"`                                      // the gates on the current release's watch evidence
+	Barred        string                 `protobuf:"bytes,16,opt,name=barred,proto3" json:"barred,omitempty"`                                    // why the current release may not flip again (its watch failed)
+	WatchReleases []*ReleaseEvidence     `protobuf:"bytes,17,rep,name=watch_releases,json=watchReleases,proto3" json:"watch_releases,omitempty"` // every release's record while it served
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1351,6 +1409,20 @@ func (x *ShadowCase) GetKernel() string {
 func (x *ShadowCase) GetWatch() []*GateResult {
 	if x != nil {
 		return x.Watch
+	}
+	return nil
+}
+
+func (x *ShadowCase) GetBarred() string {
+	if x != nil {
+		return x.Barred
+	}
+	return ""
+}
+
+func (x *ShadowCase) GetWatchReleases() []*ReleaseEvidence {
+	if x != nil {
+		return x.WatchReleases
 	}
 	return nil
 }
@@ -1585,10 +1657,11 @@ func (x *RecordReleaseRequest) GetUseCase() string {
 
 type RecordReleaseResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Evidence      *ReleaseEvidence       `protobuf:"bytes,1,opt,name=evidence,proto3" json:"evidence,omitempty"`  // what was recorded
-	Replaced      bool                   `protobuf:"varint,2,opt,name=replaced,proto3" json:"replaced,omitempty"` // an entry of this release was there and was replaced
-	History       string                 `protobuf:"bytes,3,opt,name=history,proto3" json:"history,omitempty"`    // the file the server wrote
-	Machine       string                 `protobuf:"bytes,4,opt,name=machine,proto3" json:"machine,omitempty"`    // cores, CPU model and OS of the measuring machine
+	Evidence      *ReleaseEvidence       `protobuf:"bytes,1,opt,name=evidence,proto3" json:"evidence,omitempty"`        // what was recorded
+	Replaced      bool                   `protobuf:"varint,2,opt,name=replaced,proto3" json:"replaced,omitempty"`       // an entry of this release was there and was replaced
+	History       string                 `protobuf:"bytes,3,opt,name=history,proto3" json:"history,omitempty"`          // the file the server wrote
+	Machine       string                 `protobuf:"bytes,4,opt,name=machine,proto3" json:"machine,omitempty"`          // cores, CPU model and OS of the measuring machine
+	KeyId         string                 `protobuf:"bytes,5,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"` // the key that signed the entry (koder.toml [release_keys])
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1647,6 +1720,13 @@ func (x *RecordReleaseResponse) GetHistory() string {
 func (x *RecordReleaseResponse) GetMachine() string {
 	if x != nil {
 		return x.Machine
+	}
+	return ""
+}
+
+func (x *RecordReleaseResponse) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
 	}
 	return ""
 }
@@ -2079,7 +2159,7 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06passed\x18\x02 \x01(\bR\x06passed\x12\x14\n" +
 	"\x05value\x18\x03 \x01(\tR\x05value\x12\x18\n" +
-	"\amissing\x18\x04 \x01(\tR\amissing\"\xd7\x05\n" +
+	"\amissing\x18\x04 \x01(\tR\amissing\"\xd3\x06\n" +
 	"\x0fReleaseEvidence\x12\x16\n" +
 	"\x06shadow\x18\x01 \x01(\tR\x06shadow\x12\x18\n" +
 	"\asamples\x18\x02 \x01(\x03R\asamples\x12\x1d\n" +
@@ -2108,7 +2188,11 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"last_error\x18\x15 \x01(\tR\tlastError\x124\n" +
 	"\aclasses\x18\x16 \x03(\v2\x1a.ragplane.v1.ClassEvidenceR\aclasses\x12\"\n" +
-	"\rbb_time_ratio\x18\x17 \x01(\x01R\vbbTimeRatio\"\xe9\x03\n" +
+	"\rbb_time_ratio\x18\x17 \x01(\x01R\vbbTimeRatio\x12\x18\n" +
+	"\asampled\x18\x18 \x01(\x03R\asampled\x12\x1a\n" +
+	"\bcompared\x18\x19 \x01(\x03R\bcompared\x12!\n" +
+	"\fskipped_busy\x18\x1a \x01(\x03R\vskippedBusy\x12!\n" +
+	"\fbusy_sampled\x18\x1b \x01(\x03R\vbusySampled\"\xc9\x04\n" +
 	"\rClassEvidence\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\abatches\x18\x02 \x01(\x03R\abatches\x12\x14\n" +
@@ -2129,13 +2213,16 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\acarried\x18\r \x01(\bR\acarried\x12\x1b\n" +
 	"\tpassed_g1\x18\x0e \x01(\bR\bpassedG1\x12\x1b\n" +
 	"\tpassed_g2\x18\x0f \x01(\bR\bpassedG2\x12\"\n" +
-	"\rbb_time_ratio\x18\x10 \x01(\x01R\vbbTimeRatio\"}\n" +
+	"\rbb_time_ratio\x18\x10 \x01(\x01R\vbbTimeRatio\x12\x18\n" +
+	"\asampled\x18\x11 \x01(\x03R\asampled\x12!\n" +
+	"\fskipped_busy\x18\x12 \x01(\x03R\vskippedBusy\x12!\n" +
+	"\fbusy_sampled\x18\x13 \x01(\x03R\vbusySampled\"}\n" +
 	"\tFlipEvent\x12\x0e\n" +
 	"\x02at\x18\x01 \x01(\x01R\x02at\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12\x18\n" +
 	"\aserving\x18\x03 \x01(\tR\aserving\x12\x16\n" +
 	"\x06forced\x18\x04 \x01(\bR\x06forced\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"\x83\x04\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xe0\x04\n" +
 	"\n" +
 	"ShadowCase\x12\x19\n" +
 	"\buse_case\x18\x01 \x01(\tR\auseCase\x12\x16\n" +
@@ -2154,7 +2241,9 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\x06reason\x18\f \x01(\tR\x06reason\x12\x1a\n" +
 	"\bhardware\x18\r \x01(\tR\bhardware\x12\x16\n" +
 	"\x06kernel\x18\x0e \x01(\tR\x06kernel\x12-\n" +
-	"\x05watch\x18\x0f \x03(\v2\x17.ragplane.v1.GateResultR\x05watch\"E\n" +
+	"\x05watch\x18\x0f \x03(\v2\x17.ragplane.v1.GateResultR\x05watch\x12\x16\n" +
+	"\x06barred\x18\x10 \x01(\tR\x06barred\x12C\n" +
+	"\x0ewatch_releases\x18\x11 \x03(\v2\x1c.ragplane.v1.ReleaseEvidenceR\rwatchReleases\"E\n" +
 	"\x14ShadowStatusResponse\x12-\n" +
 	"\x05cases\x18\x01 \x03(\v2\x17.ragplane.v1.ShadowCaseR\x05cases\">\n" +
 	"\vFlipRequest\x12\x19\n" +
@@ -2165,12 +2254,13 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\fFlipResponse\x12+\n" +
 	"\x04case\x18\x01 \x01(\v2\x17.ragplane.v1.ShadowCaseR\x04case\"1\n" +
 	"\x14RecordReleaseRequest\x12\x19\n" +
-	"\buse_case\x18\x01 \x01(\tR\auseCase\"\xa1\x01\n" +
+	"\buse_case\x18\x01 \x01(\tR\auseCase\"\xb8\x01\n" +
 	"\x15RecordReleaseResponse\x128\n" +
 	"\bevidence\x18\x01 \x01(\v2\x1c.ragplane.v1.ReleaseEvidenceR\bevidence\x12\x1a\n" +
 	"\breplaced\x18\x02 \x01(\bR\breplaced\x12\x18\n" +
 	"\ahistory\x18\x03 \x01(\tR\ahistory\x12\x18\n" +
-	"\amachine\x18\x04 \x01(\tR\amachine\"d\n" +
+	"\amachine\x18\x04 \x01(\tR\amachine\x12\x15\n" +
+	"\x06key_id\x18\x05 \x01(\tR\x05keyId\"d\n" +
 	"\x10CreateKeyRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06scopes\x18\x02 \x03(\tR\x06scopes\x12 \n" +
@@ -2264,40 +2354,41 @@ var file_ragplane_v1_admin_proto_depIdxs = []int32{
 	12, // 6: ragplane.v1.ShadowCase.releases:type_name -> ragplane.v1.ReleaseEvidence
 	14, // 7: ragplane.v1.ShadowCase.history:type_name -> ragplane.v1.FlipEvent
 	11, // 8: ragplane.v1.ShadowCase.watch:type_name -> ragplane.v1.GateResult
-	15, // 9: ragplane.v1.ShadowStatusResponse.cases:type_name -> ragplane.v1.ShadowCase
-	15, // 10: ragplane.v1.FlipResponse.case:type_name -> ragplane.v1.ShadowCase
-	12, // 11: ragplane.v1.RecordReleaseResponse.evidence:type_name -> ragplane.v1.ReleaseEvidence
-	23, // 12: ragplane.v1.CreateKeyResponse.key:type_name -> ragplane.v1.KeyInfo
-	23, // 13: ragplane.v1.ListKeysResponse.keys:type_name -> ragplane.v1.KeyInfo
-	0,  // 14: ragplane.v1.AdminService.Rebuild:input_type -> ragplane.v1.RebuildRequest
-	2,  // 15: ragplane.v1.AdminService.Rollback:input_type -> ragplane.v1.RollbackRequest
-	3,  // 16: ragplane.v1.AdminService.Compact:input_type -> ragplane.v1.CompactRequest
-	5,  // 17: ragplane.v1.AdminService.Snapshot:input_type -> ragplane.v1.SnapshotRequest
-	7,  // 18: ragplane.v1.AdminService.Status:input_type -> ragplane.v1.StatusRequest
-	10, // 19: ragplane.v1.AdminService.ShadowStatus:input_type -> ragplane.v1.ShadowStatusRequest
-	17, // 20: ragplane.v1.AdminService.Flip:input_type -> ragplane.v1.FlipRequest
-	18, // 21: ragplane.v1.AdminService.Unflip:input_type -> ragplane.v1.UnflipRequest
-	20, // 22: ragplane.v1.AdminService.RecordRelease:input_type -> ragplane.v1.RecordReleaseRequest
-	22, // 23: ragplane.v1.AdminService.CreateKey:input_type -> ragplane.v1.CreateKeyRequest
-	25, // 24: ragplane.v1.AdminService.ListKeys:input_type -> ragplane.v1.ListKeysRequest
-	27, // 25: ragplane.v1.AdminService.RevokeKey:input_type -> ragplane.v1.RevokeKeyRequest
-	1,  // 26: ragplane.v1.AdminService.Rebuild:output_type -> ragplane.v1.RebuildProgress
-	31, // 27: ragplane.v1.AdminService.Rollback:output_type -> ragplane.v1.CollectionInfo
-	4,  // 28: ragplane.v1.AdminService.Compact:output_type -> ragplane.v1.CompactResponse
-	6,  // 29: ragplane.v1.AdminService.Snapshot:output_type -> ragplane.v1.SnapshotResponse
-	9,  // 30: ragplane.v1.AdminService.Status:output_type -> ragplane.v1.StatusResponse
-	16, // 31: ragplane.v1.AdminService.ShadowStatus:output_type -> ragplane.v1.ShadowStatusResponse
-	19, // 32: ragplane.v1.AdminService.Flip:output_type -> ragplane.v1.FlipResponse
-	19, // 33: ragplane.v1.AdminService.Unflip:output_type -> ragplane.v1.FlipResponse
-	21, // 34: ragplane.v1.AdminService.RecordRelease:output_type -> ragplane.v1.RecordReleaseResponse
-	24, // 35: ragplane.v1.AdminService.CreateKey:output_type -> ragplane.v1.CreateKeyResponse
-	26, // 36: ragplane.v1.AdminService.ListKeys:output_type -> ragplane.v1.ListKeysResponse
-	28, // 37: ragplane.v1.AdminService.RevokeKey:output_type -> ragplane.v1.RevokeKeyResponse
-	26, // [26:38] is the sub-list for method output_type
-	14, // [14:26] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	12, // 9: ragplane.v1.ShadowCase.watch_releases:type_name -> ragplane.v1.ReleaseEvidence
+	15, // 10: ragplane.v1.ShadowStatusResponse.cases:type_name -> ragplane.v1.ShadowCase
+	15, // 11: ragplane.v1.FlipResponse.case:type_name -> ragplane.v1.ShadowCase
+	12, // 12: ragplane.v1.RecordReleaseResponse.evidence:type_name -> ragplane.v1.ReleaseEvidence
+	23, // 13: ragplane.v1.CreateKeyResponse.key:type_name -> ragplane.v1.KeyInfo
+	23, // 14: ragplane.v1.ListKeysResponse.keys:type_name -> ragplane.v1.KeyInfo
+	0,  // 15: ragplane.v1.AdminService.Rebuild:input_type -> ragplane.v1.RebuildRequest
+	2,  // 16: ragplane.v1.AdminService.Rollback:input_type -> ragplane.v1.RollbackRequest
+	3,  // 17: ragplane.v1.AdminService.Compact:input_type -> ragplane.v1.CompactRequest
+	5,  // 18: ragplane.v1.AdminService.Snapshot:input_type -> ragplane.v1.SnapshotRequest
+	7,  // 19: ragplane.v1.AdminService.Status:input_type -> ragplane.v1.StatusRequest
+	10, // 20: ragplane.v1.AdminService.ShadowStatus:input_type -> ragplane.v1.ShadowStatusRequest
+	17, // 21: ragplane.v1.AdminService.Flip:input_type -> ragplane.v1.FlipRequest
+	18, // 22: ragplane.v1.AdminService.Unflip:input_type -> ragplane.v1.UnflipRequest
+	20, // 23: ragplane.v1.AdminService.RecordRelease:input_type -> ragplane.v1.RecordReleaseRequest
+	22, // 24: ragplane.v1.AdminService.CreateKey:input_type -> ragplane.v1.CreateKeyRequest
+	25, // 25: ragplane.v1.AdminService.ListKeys:input_type -> ragplane.v1.ListKeysRequest
+	27, // 26: ragplane.v1.AdminService.RevokeKey:input_type -> ragplane.v1.RevokeKeyRequest
+	1,  // 27: ragplane.v1.AdminService.Rebuild:output_type -> ragplane.v1.RebuildProgress
+	31, // 28: ragplane.v1.AdminService.Rollback:output_type -> ragplane.v1.CollectionInfo
+	4,  // 29: ragplane.v1.AdminService.Compact:output_type -> ragplane.v1.CompactResponse
+	6,  // 30: ragplane.v1.AdminService.Snapshot:output_type -> ragplane.v1.SnapshotResponse
+	9,  // 31: ragplane.v1.AdminService.Status:output_type -> ragplane.v1.StatusResponse
+	16, // 32: ragplane.v1.AdminService.ShadowStatus:output_type -> ragplane.v1.ShadowStatusResponse
+	19, // 33: ragplane.v1.AdminService.Flip:output_type -> ragplane.v1.FlipResponse
+	19, // 34: ragplane.v1.AdminService.Unflip:output_type -> ragplane.v1.FlipResponse
+	21, // 35: ragplane.v1.AdminService.RecordRelease:output_type -> ragplane.v1.RecordReleaseResponse
+	24, // 36: ragplane.v1.AdminService.CreateKey:output_type -> ragplane.v1.CreateKeyResponse
+	26, // 37: ragplane.v1.AdminService.ListKeys:output_type -> ragplane.v1.ListKeysResponse
+	28, // 38: ragplane.v1.AdminService.RevokeKey:output_type -> ragplane.v1.RevokeKeyResponse
+	27, // [27:39] is the sub-list for method output_type
+	15, // [15:27] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_ragplane_v1_admin_proto_init() }

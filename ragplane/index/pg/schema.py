@@ -30,6 +30,9 @@ Version 3: `rp_expect_head(p)`, which fails its transaction (serialization_failu
 the head is `p`: an upsert sends its COMMIT before it knows its position, guarded by it.
 (`rp_changes.vectors` has been written empty since the items moved to rp_items alone; a
 later version may drop it once no server of an older version can be running.)
+
+Version 4: the shadow's evidence counts batches skipped while busy, those sampled while
+busy, and observed time per class (`skipped`, `busy`, `active_s`: server.shadow.evidence).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import psycopg
 
 # Any fixed 64-bit number: the advisory lock of schema changes.
 MIGRATE_LOCK = 0x7261_6770_6C61_6E65  # "ragplane"
-VERSION = 3
+VERSION = 4
 
 _V1 = """
 CREATE TABLE rp_meta (
@@ -162,8 +165,15 @@ BEGIN
 END $$;
 """
 
+_V4 = """
+ALTER TABLE rp_shadow_evidence
+    ADD COLUMN skipped bigint NOT NULL DEFAULT 0,
+    ADD COLUMN busy bigint NOT NULL DEFAULT 0,
+    ADD COLUMN active_s double precision NOT NULL DEFAULT 0.0;
+"""
+
 # version -> the statements that bring the schema from version-1 to it
-UPGRADES: dict[int, str] = {1: _V1, 2: _V2, 3: _V3}
+UPGRADES: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
 
 
 def current_version(conn: psycopg.Connection) -> int:

@@ -55,8 +55,9 @@ def record_release(
     ev = r.evidence
     console.print(
         f"{'replaced' if r.replaced else 'recorded'} {ev.shadow} ({use_case}) in {r.history}: "
-        f"against {ev.canonical} on {ev.hardware}, {ev.seconds / 3600:.2f} h of shadow time, "
-        f"{ev.batches} batches, measured on {r.machine}"
+        f"against {ev.canonical} on {ev.hardware}, {ev.seconds / 3600:.2f} h of observed "
+        f"shadow time, {ev.compared} compared batches, measured on {r.machine}; signed by key "
+        f"{r.key_id} (G3 counts it where koder.toml's [release_keys] trusts that key)"
     )
 
 

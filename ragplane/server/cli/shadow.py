@@ -32,7 +32,8 @@ def _print_case(c) -> None:
         + (f" · hardware {c.hardware}" if c.hardware else "")
         + (f" · kernel {c.kernel}" if c.kernel else "")
     )
-    for title, rows in (("gates", c.gates), ("watch since the flip", c.watch)):
+    watch_title = f"the watch of {c.shadow} (its record while it served)"
+    for title, rows in (("gates", c.gates), (watch_title, c.watch)):
         if not rows:  # no gates while the shadow does not run; no watch before a flip
             continue
         gates = Table(show_header=True, title=title)
@@ -42,40 +43,14 @@ def _print_case(c) -> None:
             ok = "[green]pass[/]" if g.passed else "[red]fail[/]"
             gates.add_row(g.name, ok, g.value, g.missing)
         console.print(gates)
+    if c.barred:
+        console.print(f"[bold red]barred:[/] the watch of {c.shadow} failed: {c.barred}")
     _print_classes(c)
-    if c.releases:
-        rel = Table(title="evidence per shadow release")
-        for col in (
-            "release",
-            "samples",
-            "cos min",
-            "cos p1",
-            "cos mean",
-            "overlap@10 (probes)",
-            "time ratio (ub, batches)",
-            "A/A",
-            "errors",
-            "dropped",
-            "G1",
-            "G2",
-        ):
-            rel.add_column(col)
-        for r in c.releases:
-            rel.add_row(
-                r.shadow,
-                f"{r.samples:,}",
-                f"{r.cosine_min:.6f}",
-                f"{r.cosine_p1:.6f}",
-                f"{r.cosine_mean:.7f}",
-                f"{r.overlap_at_10:.3f} ({r.probes})",
-                f"{r.time_ratio:.3f} ({r.time_ratio_upper:.3f}, {r.timed_batches})",
-                f"{r.aa_time_ratio:.3f}",
-                str(r.errors),
-                str(r.dropped),
-                "pass" if r.passed_g1 else "fail",
-                "pass" if r.passed_g2 else "fail",
-            )
-        console.print(rel)
+    for title, releases in (
+        ("evidence per shadow release", c.releases),
+        ("the watch per release (while it served)", c.watch_releases),
+    ):
+        _print_releases(title, releases)
     if c.reason:
         console.print(f"[bold yellow]shadow not running:[/] {c.reason}")
     console.print(f"flip-eligible: {'[green]yes[/]' if c.flip_eligible else 'no'}")
@@ -86,20 +61,60 @@ def _print_case(c) -> None:
         )
 
 
+def _print_releases(title: str, releases) -> None:
+    if releases:
+        rel = Table(title=title)
+        for col in (
+            "release",
+            "samples",
+            "cos min",
+            "cos p1",
+            "cos mean",
+            "overlap@10 (probes)",
+            "time ratio (ub, batches)",
+            "A/A",
+            "errors",
+            "offered: sampled / busy skipped / dropped",
+            "G1",
+            "G2",
+        ):
+            rel.add_column(col)
+        for r in releases:
+            rel.add_row(
+                r.shadow,
+                f"{r.samples:,}",
+                f"{r.cosine_min:.6f}",
+                f"{r.cosine_p1:.6f}",
+                f"{r.cosine_mean:.7f}",
+                f"{r.overlap_at_10:.3f} ({r.probes})",
+                f"{r.time_ratio:.3f} ({r.time_ratio_upper:.3f}, {r.timed_batches})",
+                f"{r.aa_time_ratio:.3f}",
+                str(r.errors),
+                f"{r.batches} = {r.sampled} / {r.skipped_busy} / {r.dropped}",
+                "pass" if r.passed_g1 else "fail",
+                "pass" if r.passed_g2 else "fail",
+            )
+        console.print(rel)
+
+
 def _print_classes(c) -> None:
     """The current release's evidence per traffic class: what the gates judge."""
     cur = next((r for r in c.releases if r.shadow == c.shadow and r.hardware == c.hardware), None)
     if cur is None or not cur.classes:
         return
-    t = Table(title=f"{cur.shadow} per traffic class ({cur.seconds / 3600:.2f} h of shadow time)")
+    t = Table(
+        title=f"{cur.shadow} per traffic class ({cur.seconds / 3600:.2f} h of observed shadow time)"
+    )
     for col in ("class", "share", "vectors", "cos min", "cos mean", "time ratio", "upper 95%",
-                "A/A", "timed", "errors", "dropped", "judged", "G1", "G2"):  # fmt: skip
+                "A/A", "timed", "errors", "sampled (busy)", "skipped busy", "dropped", "judged",
+                "G1", "G2"):  # fmt: skip
         t.add_column(col)
     for k in cur.classes:
         t.add_row(
             k.name, f"{k.share:.0%}", f"{k.samples:,}", f"{k.cosine_min:.6f}",
             f"{k.cosine_mean:.7f}", f"{k.time_ratio:.3f}", f"{k.time_ratio_upper:.3f}",
-            f"{k.aa_time_ratio:.3f}", str(k.timed_batches), str(k.errors), str(k.dropped),
+            f"{k.aa_time_ratio:.3f}", str(k.timed_batches), str(k.errors),
+            f"{k.sampled} ({k.busy_sampled})", str(k.skipped_busy), str(k.dropped),
             "yes" if k.carried else "no", "pass" if k.passed_g1 else "fail",
             "pass" if k.passed_g2 else "fail",
         )  # fmt: skip

@@ -25,6 +25,11 @@ from ragplane.server.embedding.base import Embedder, l2_normalize
 log = logging.getLogger(__name__)
 
 
+class BadEmbedderOutput(ValueError):
+    """An embedder returned vectors of the wrong shape for its pass: every caller of the
+    pass hears it (rather than the pass's thread dying with callers left waiting)."""
+
+
 @dataclass
 class _Request:
     texts: Sequence[str]
@@ -190,6 +195,13 @@ class EmbedBatcher:
             log.exception("embedding pass of %d texts failed", len(texts))
             for s in taken:
                 self._fail(s.req, exc)
+            return
+        shape = getattr(vectors, "shape", None)
+        if shape != (len(texts), self.embedder.dim):
+            bad = BadEmbedderOutput(f"shape {shape}, expected ({len(texts)}, {self.embedder.dim})")
+            log.error("%s returned %s", self.embedder.identity, bad)
+            for s in taken:
+                self._fail(s.req, bad)
             return
         dt = time.perf_counter() - t0
         self._ema_texts_per_s = 0.8 * self._ema_texts_per_s + 0.2 * (len(texts) / max(dt, 1e-6))

@@ -1,13 +1,19 @@
 """Embedding orchestration: validation, limits, use-case routing, dynamic batching.
 
-`EmbeddingService.embed` is what the Embed RPC, Upsert of text, Search by text and
-Memory all call. Each case-of-use is answered by its serving embedder (the canonical
-one, or embedder_rs after a flip); the shadow hook sees every answered batch and
+`EmbeddingService.embed` is what the Embed RPC, Upsert of text, Search by text, Memory
+and the HTTP API all call. Each case-of-use is answered by its serving embedder (the
+canonical one, or embedder_rs after a flip); the shadow hook sees every answered batch and
 decides on its own whether to sample it, off the request path.
+
+Every batch is checked before it leaves (right count, right dimension, every value
+finite: one pass over the floats), whichever embedder served it. A flipped shadow's bad
+batch is answered by the canonical instead, and the hook hears of it at once (a watch
+error, an unflip); the canonical's own bad batch is an error, never a reply.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,11 +21,12 @@ from typing import Protocol
 
 import numpy as np
 
-from ragplane.core.errors import InvalidArgument
+from ragplane.core.errors import InvalidArgument, RagplaneError, Unavailable
 from ragplane.server.embedding.base import Embedder, l2_normalize
-from ragplane.server.embedding.batcher import EmbedBatcher
+from ragplane.server.embedding.batcher import BadEmbedderOutput, EmbedBatcher
 
 DEFAULT_USE_CASE = "embeddings"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,30 @@ class ShadowHook(Protocol):
         """Offer an answered batch (with each text's token count) to the shadow; must
         return at once."""
         ...
+
+    def serving_failed(
+        self, use_case: str, embedder: str, texts: Sequence[str], tokens: Sequence[int], why: str
+    ) -> None:
+        """`embedder`, serving `use_case`, returned a batch the service refused (`why`);
+        the canonical answered instead."""
+        ...
+
+
+def _embedder_fault(exc: BaseException) -> bool:
+    """An exception that says the embedder failed, not the call (a deadline, a full
+    queue, a bad request: those go to the caller as they are)."""
+    return not isinstance(exc, RagplaneError | TimeoutError)
+
+
+def check_batch(vectors: np.ndarray, n: int, dim: int) -> str:
+    """Why `vectors` is not `n` finite rows of `dim` values ("" when it is)."""
+    shape = getattr(vectors, "shape", None)
+    if shape != (n, dim):
+        return f"shape {shape}, expected ({n}, {dim})"
+    if not np.isfinite(vectors).all():
+        rows = int((~np.isfinite(vectors).all(axis=1)).sum())
+        return f"non-finite values in {rows} of {n} vectors"
+    return ""
 
 
 class EmbeddingService:
@@ -152,13 +183,24 @@ class EmbeddingService:
                         "set truncate=true"
                     )
             tokens = full
+        use_case = use_case or DEFAULT_USE_CASE
         t0 = time.perf_counter()
-        raw = self.batcher_for(embedder).embed(texts, tokens, normalize=False, is_active=is_active)
-        seconds = time.perf_counter() - t0
-        if self.shadow is not None:
-            self.shadow.observe(
-                use_case or DEFAULT_USE_CASE, texts, raw, seconds, embedder.identity, tokens
+        try:
+            raw = self.batcher_for(embedder).embed(
+                texts, tokens, normalize=False, is_active=is_active
             )
+            why = check_batch(raw, len(texts), embedder.dim)
+        except BadEmbedderOutput as exc:
+            raw, why = None, str(exc)
+        except Exception as exc:
+            if embedder is self.canonical or not _embedder_fault(exc):
+                raise
+            raw, why = None, f"{type(exc).__name__}: {exc}"
+        seconds = time.perf_counter() - t0
+        if why:
+            embedder, raw = self._fall_back(embedder, use_case, texts, tokens, why, is_active)
+        elif self.shadow is not None:
+            self.shadow.observe(use_case, texts, raw, seconds, embedder.identity, tokens)
         vectors = l2_normalize(raw) if normalize else raw
         return EmbedResult(
             vectors=vectors,
@@ -167,6 +209,30 @@ class EmbeddingService:
             embedder=embedder.identity,
             token_counts=list(tokens),
         )
+
+    def _fall_back(
+        self,
+        embedder: Embedder,
+        use_case: str,
+        texts: Sequence[str],
+        tokens: Sequence[int],
+        why: str,
+        is_active: Callable[[], bool],
+    ) -> tuple[Embedder, np.ndarray]:
+        """The canonical's answer for a batch `embedder` got wrong. Raises Unavailable when
+        the canonical itself was wrong, or is wrong too: no bad vector is ever returned."""
+        if embedder is self.canonical:
+            raise Unavailable(f"the embedder {embedder.identity} returned {why}; retry later")
+        if self.shadow is not None:
+            try:
+                self.shadow.serving_failed(use_case, embedder.identity, texts, tokens, why)
+            except Exception:  # the caller still gets the canonical's answer
+                log.exception("recording %s's refused batch failed", embedder.identity)
+        canonical = self.canonical
+        raw = self.batcher_for(canonical).embed(texts, tokens, normalize=False, is_active=is_active)
+        if again := check_batch(raw, len(texts), canonical.dim):
+            raise Unavailable(f"the embedder {canonical.identity} returned {again}; retry later")
+        return canonical, raw
 
     def _check_use_case(self, use_case: str) -> None:
         if use_case not in self.use_cases:

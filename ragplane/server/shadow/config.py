@@ -51,6 +51,15 @@ class Gates:
     # canonical on the same hardware class as the decision at hand
     min_release_hours: float = 24.0
     min_release_batches: int = 1000
+    # G2: a class's batches offered while the server was busy must be sampled at least at
+    # this share, or its timings describe only the quiet hours (the sampler's
+    # min_busy_share keeps it so; drops under load can pull it down)
+    min_busy_coverage: float = 0.1
+    # G3: a release whose offered batches were mostly dropped measured a biased sample
+    max_drop_share: float = 0.5
+    # the watch: a serving shadow whose timings prove nothing (A/A floor out of bounds)
+    # over this many timed batches of a class is unflipped, not watched for ever
+    watch_unproven_batches: int = 100
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,9 @@ class PairConfig:
     sample_rate: float = 0.1
     policy: str = "manual"
     timing_rate: float = 0.25  # of sampled batches, the share also timed (A/B/A interleaved)
+    # of the batches drawn for sampling while requests wait (busy), the share sampled all
+    # the same, per traffic class: the evidence must cover loaded hours, not only quiet ones
+    min_busy_share: float = 0.2
     # a pause before each of the three timed runs, so that threads one embedder leaves
     # spinning (or caches it evicted) are not charged to the next run
     timing_pause_ms: float = 0.0
@@ -85,6 +97,21 @@ def load_pairs(path: str | Path) -> dict[str, PairConfig]:
     return pairs
 
 
+def load_trusted_keys(path: str | Path) -> dict[str, str]:
+    """koder.toml's [release_keys]: the servers whose measurements G3 trusts, as key id ->
+    base64 raw Ed25519 public key (server.shadow.signing). A missing file or table: none."""
+    p = Path(path)
+    if not p.exists():
+        return {}
+    try:
+        keys = tomllib.loads(p.read_text()).get("release_keys") or {}
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidArgument(f"{p} is not valid TOML: {exc}") from None
+    if not isinstance(keys, dict) or not all(isinstance(v, str) for v in keys.values()):
+        raise InvalidArgument(f'{p} [release_keys]: expected "key id" = "base64 public key"')
+    return {str(k): v for k, v in keys.items()}
+
+
 def parse_pair(case: str, spec: dict[str, Any], where: str = "") -> PairConfig:
     spec = dict(spec)
     gates = spec.pop("gates", {}) or {}
@@ -103,8 +130,16 @@ def parse_pair(case: str, spec: dict[str, Any], where: str = "") -> PairConfig:
         raise InvalidArgument(f"{where}: status {cfg.status!r}; use one of {STATUSES}")
     if cfg.policy not in POLICIES:
         raise InvalidArgument(f"{where}: policy {cfg.policy!r}; use manual or auto")
-    if not 0.0 <= cfg.sample_rate <= 1.0 or not 0.0 <= cfg.timing_rate <= 1.0:
-        raise InvalidArgument(f"{where}: sample_rate and timing_rate must be in [0, 1]")
+    shares = (cfg.sample_rate, cfg.timing_rate, cfg.min_busy_share)
+    if not all(0.0 <= x <= 1.0 for x in shares):
+        raise InvalidArgument(
+            f"{where}: sample_rate, timing_rate and min_busy_share must be in [0, 1]"
+        )
+    g = cfg.gates
+    if not (0.0 <= g.min_busy_coverage <= 1.0 and 0.0 <= g.max_drop_share <= 1.0):
+        raise InvalidArgument(f"{where}.gates: min_busy_coverage and max_drop_share in [0, 1]")
+    if g.watch_unproven_batches < 1:
+        raise InvalidArgument(f"{where}.gates: watch_unproven_batches must be >= 1")
     if cfg.gates.max_aa_ratio < 1.0 or not 0.0 <= cfg.gates.min_class_share <= 1.0:
         raise InvalidArgument(
             f"{where}.gates: max_aa_ratio must be >= 1 and min_class_share in [0, 1]"

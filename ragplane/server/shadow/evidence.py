@@ -4,19 +4,26 @@ server of the cluster records its samples and reads everyone's, and where a flip
 cluster's (`set_serving` is a compare-and-set on the case's row).
 
 Evidence is kept per case-of-use, shadow release (name@version), canonical (name@version),
-hardware class, phase (`shadow` before a flip, `watch` since the last one) and traffic
+hardware class, phase (`shadow` before a flip, `watch` while the shadow serves) and traffic
 class (server.shadow.classes):
-  * every sampled batch: compared (count, min and sum of cosines, and the smallest MAX_LOW
+  * every offered batch: compared (count, min and sum of cosines, and the smallest MAX_LOW
     cosines, so the 1st percentile is exact while the count is at most 100 x MAX_LOW), or
     failed (an error: the shadow raised, or gave NaN, infinite, misshapen or miscounted
-    vectors), or dropped (the queue was full);
+    vectors), or dropped (the queue was full), or skipped (the server was busy and the
+    minimum share under load did not take it); of the compared and failed, how many were
+    taken while the server was busy;
+  * observed time: the gaps between consecutive sampled batches of a release, each counted
+    only when at most ACTIVE_GAP_S on this process's monotonic clock, so ten minutes of
+    traffic and one batch a day later are ten minutes, not a day;
   * every timed batch: its three times and their order (canonical, shadow, canonical or
     shadow, canonical, shadow), the latest MAX_TIMINGS per class, for
     server.shadow.timing's estimator;
   * overlap@10 of the probe set (the latest measurement).
-Evidence is always shadow-vs-canonical as declared, whichever of the two is serving. The
-gates that read it live in server.shadow.gates. A data directory from before per-class
-evidence keeps its old `evidence` table, which nothing reads any more.
+Evidence is always shadow-vs-canonical as declared, whichever of the two is serving, and a
+release's record is permanent: no flip or unflip deletes it, so a watch that failed stays
+on the release's record (server.shadow.gates.barred) across restarts. The gates that read
+it live in server.shadow.gates. A data directory from before per-class evidence keeps its
+old `evidence` table, which nothing reads any more.
 """
 
 from __future__ import annotations
@@ -54,6 +61,8 @@ CREATE TABLE IF NOT EXISTS class_evidence (
   low TEXT NOT NULL DEFAULT '[]', errors INTEGER NOT NULL DEFAULT 0,
   last_error TEXT NOT NULL DEFAULT '', dropped INTEGER NOT NULL DEFAULT 0,
   first_at REAL NOT NULL, updated_at REAL NOT NULL,
+  skipped INTEGER NOT NULL DEFAULT 0, busy INTEGER NOT NULL DEFAULT 0,
+  active_s REAL NOT NULL DEFAULT 0.0,
   PRIMARY KEY (use_case, release, canonical, hardware, phase, class));
 CREATE TABLE IF NOT EXISTS batch_timings (
   {_KEY}, class TEXT NOT NULL, at REAL NOT NULL,
@@ -82,6 +91,11 @@ log = logging.getLogger(__name__)
 MAX_LOW = 5_000
 MAX_TIMINGS = 10_000  # per key and class: the estimator reads the latest this many
 PHASES = ("shadow", "watch")
+# the longest gap between two sampled batches of a release that counts as observed time
+ACTIVE_GAP_S = 300.0
+# columns a data directory from before them lacks (SQLite: added at open)
+_ADDED = {"skipped": "INTEGER NOT NULL DEFAULT 0", "busy": "INTEGER NOT NULL DEFAULT 0",
+          "active_s": "REAL NOT NULL DEFAULT 0.0"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -111,6 +125,9 @@ class ClassRow:
     first_at: float
     updated_at: float
     timings: list[Timing]
+    skipped: int = 0  # offered while busy, not sampled
+    busy: int = 0  # sampled (compared or failed) while busy
+    active_s: float = 0.0  # observed time credited to this class
 
 
 @dataclass(frozen=True)
@@ -128,9 +145,14 @@ class EvidenceStore:
         if db is None:
             assert path is not None, "EvidenceStore needs a path or a db"
             db = SqliteStateDb(path, _SQLITE_TABLES, _SCHEMA)
+            _add_columns(db)
         self._db = db
-        self._pending: Counter[tuple[EvidenceKey, str]] = Counter()  # drops not yet written
+        # counts made on the request path (skips; a shared store's drops), not yet written:
+        # (key, class, column) -> n
+        self._pending: Counter[tuple[EvidenceKey, str, str]] = Counter()
         self._pending_lock = threading.Lock()
+        # per release (key): when its latest sample was recorded, on the monotonic clock
+        self._last_seen: dict[EvidenceKey, float] = {}
 
     @classmethod
     def in_postgres(cls, store: PgStore) -> EvidenceStore:
@@ -163,10 +185,10 @@ class EvidenceStore:
             return
         try:
             # rows in one order on every server: two flushes never wait on each other
-            order = sorted(pending, key=lambda kc: (*kc[0].row(), kc[1]))
+            order = sorted(pending, key=lambda kc: (*kc[0].row(), kc[1], kc[2]))
             with self._db.write() as execute:
-                for key, cls in order:
-                    self._add_drops(execute, key, cls, pending[(key, cls)])
+                for key, cls, column in order:
+                    self._add_count(execute, key, cls, column, pending[(key, cls, column)])
         except BaseException:
             with self._pending_lock:
                 self._pending.update(pending)
@@ -190,14 +212,35 @@ class EvidenceStore:
 
     _WHERE = "use_case = ? AND release = ? AND canonical = ? AND hardware = ? AND phase = ?"
 
-    def record_agreement(self, key: EvidenceKey, cls: str, cosines: Sequence[float]) -> None:
+    def _active(self, key: EvidenceKey) -> float:
+        """Observed seconds to credit a sample of `key` recorded now: the gap since the
+        previous sample of the same release and phase on this process, when at most
+        ACTIVE_GAP_S (the worker records one sample at a time: no lock needed)."""
+        now = time.monotonic()
+        last = self._last_seen.get(key)
+        self._last_seen[key] = now
+        return now - last if last is not None and now - last <= ACTIVE_GAP_S else 0.0
+
+    def _sampled(self, execute: Execute, key: EvidenceKey, cls: str, busy: bool) -> None:
+        """The counts every sampled batch adds: busy, observed time."""
+        execute(
+            "UPDATE {evidence} SET busy = busy + ?, active_s = active_s + ? "
+            f"WHERE {self._WHERE} AND class = ?",
+            (int(busy), self._active(key), *key.row(), cls),
+        )
+
+    def record_agreement(
+        self, key: EvidenceKey, cls: str, cosines: Sequence[float], *, busy: bool = False
+    ) -> None:
         """One compared batch of `cls`: its per-vector cosines, every one finite (the
-        manager turns a non-finite output into an error before it gets here)."""
+        manager turns a non-finite output into an error before it gets here); `busy`:
+        sampled while requests were waiting."""
         values = [float(c) for c in cosines]
         if not values or not all(math.isfinite(c) for c in values):
             raise ValueError("record_agreement takes finite cosines only; record an error")
         with self._writing() as execute:
             self._ensure(execute, key, cls)
+            self._sampled(execute, key, cls, busy)
             n, low = execute(
                 f"SELECT samples, low FROM {{evidence}} WHERE {self._WHERE} AND class = ? "
                 "{for_update}",
@@ -213,10 +256,12 @@ class EvidenceStore:
                  time.time(), *key.row(), cls),
             )  # fmt: skip
 
-    def record_error(self, key: EvidenceKey, cls: str, what: str) -> None:
-        """One sampled batch of `cls` whose shadow output could not be compared."""
+    def record_error(self, key: EvidenceKey, cls: str, what: str, *, busy: bool = False) -> None:
+        """One sampled batch of `cls` whose shadow output could not be compared (or, in
+        the watch, a served batch the serving path refused)."""
         with self._writing() as execute:
             self._ensure(execute, key, cls)
+            self._sampled(execute, key, cls, busy)
             execute(
                 "UPDATE {evidence} SET batches = batches + 1, errors = errors + 1, "
                 f"last_error = ?, updated_at = ? WHERE {self._WHERE} AND class = ?",
@@ -229,15 +274,23 @@ class EvidenceStore:
         a request must not wait on PostgreSQL for the shadow's sake."""
         if self._db.shared:
             with self._pending_lock:
-                self._pending[(key, cls)] += 1
+                self._pending[(key, cls, "dropped")] += 1
             return
         with self._writing() as execute:
-            self._add_drops(execute, key, cls, 1)
+            self._add_count(execute, key, cls, "dropped", 1)
 
-    def _add_drops(self, execute: Execute, key: EvidenceKey, cls: str, n: int) -> None:
+    def record_skip(self, key: EvidenceKey, cls: str) -> None:
+        """One batch of `cls` offered while the server was busy and not sampled (called
+        on the request path, under load: counted in memory, written with the next write
+        or read)."""
+        with self._pending_lock:
+            self._pending[(key, cls, "skipped")] += 1
+
+    def _add_count(self, execute: Execute, key: EvidenceKey, cls: str, column: str, n: int) -> None:
+        assert column in ("dropped", "skipped"), column
         self._ensure(execute, key, cls)
         execute(
-            "UPDATE {evidence} SET dropped = dropped + ?, updated_at = ? "
+            f"UPDATE {{evidence}} SET {column} = {column} + ?, updated_at = ? "
             f"WHERE {self._WHERE} AND class = ?",
             (n, time.time(), *key.row(), cls),
         )
@@ -272,19 +325,6 @@ class EvidenceStore:
                 (*key.row(), overlap, probes, time.time()),
             )
 
-    def clear(self, use_case: str, release: str, phase: str) -> None:
-        """Forget `phase`'s evidence of a release (a new flip starts a new watch)."""
-        with self._writing() as execute:
-            self._clear(execute, use_case, release, phase)
-
-    @staticmethod
-    def _clear(execute: Execute, use_case: str, release: str, phase: str) -> None:
-        for table in ("{evidence}", "{timings}", "{overlap}"):
-            execute(
-                f"DELETE FROM {table} WHERE use_case = ? AND release = ? AND phase = ?",
-                (use_case, release, phase),
-            )
-
     # -- reading -------------------------------------------------------------------------
 
     def stored(self, use_case: str, phase: str = "shadow") -> list[StoredRelease]:
@@ -293,7 +333,8 @@ class EvidenceStore:
         where = (use_case, phase)
         rows = self._db.read(
             "SELECT release, canonical, hardware, class, batches, samples, cos_min, cos_sum, "
-            "low, errors, last_error, dropped, first_at, updated_at FROM {evidence} "
+            "low, errors, last_error, dropped, first_at, updated_at, skipped, busy, active_s "
+            "FROM {evidence} "
             "WHERE use_case = ? AND phase = ? ORDER BY first_at",
             where,
         )
@@ -319,10 +360,11 @@ class EvidenceStore:
                 o, p = overlaps.get(k, (0.0, 0))
                 key = EvidenceKey(use_case, release, canonical, hardware, phase)
                 out[k] = StoredRelease(key, {}, o, p)
-            batches, samples, cmin, csum, low, errors, last, dropped, first, updated = nums
+            batches, samples, cmin, csum, low, errors, last, dropped, first, updated = nums[:10]
+            skipped, busy, active = nums[10:]
             out[k].classes[cls] = ClassRow(
                 batches, samples, cmin, csum, json.loads(low), errors, last, dropped,
-                first, updated, timings[(*k, cls)][-MAX_TIMINGS:],
+                first, updated, timings[(*k, cls)][-MAX_TIMINGS:], skipped, busy, active,
             )  # fmt: skip
         for s in out.values():  # classes in their declared order
             ordered = {c: s.classes[c] for c in NAMES if c in s.classes}
@@ -353,13 +395,11 @@ class EvidenceStore:
         reason: str,
         *,
         expect: str | None = None,
-        clear_watch: str | None = None,
     ) -> bool:
         """Record that `serving` now answers `case`, and why, in its history. With `expect`
         (what the caller believes serves now, stored as the case's first state if it has
         none), a compare-and-set: nothing changes, and False is returned, when another
-        server changed it first. `clear_watch` (a shadow release): its watch evidence is
-        forgotten in the same transaction (a new flip starts a new watch)."""
+        server changed it first. No evidence is touched: a release's record is kept."""
         now = time.time()
         with self._writing() as execute:
             if expect is None:
@@ -382,8 +422,6 @@ class EvidenceStore:
                 )
                 if cur.rowcount != 1:
                     return False
-            if clear_watch is not None:
-                self._clear(execute, case, clear_watch, "watch")
             execute(
                 "INSERT INTO {history} (use_case, at, action, serving, forced, reason) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
@@ -401,3 +439,13 @@ class EvidenceStore:
             FlipEvent(at, action, serving, bool(forced), reason)
             for at, action, serving, forced, reason in rows
         ]
+
+
+def _add_columns(db: StateDb) -> None:
+    """A SQLite evidence file from before the busy and observed-time columns gets them."""
+    have = {row[1] for row in db.read("PRAGMA table_info({evidence})")}
+    missing = [(c, decl) for c, decl in _ADDED.items() if c not in have]
+    if missing:
+        with db.write() as execute:
+            for column, decl in missing:
+                execute(f"ALTER TABLE {{evidence}} ADD COLUMN {column} {decl}")

@@ -8,6 +8,12 @@ applies `compare` / `ignore`, and hands it to the publisher. Nothing offered is 
 without a count: a full queue drops the sample and counts it; a candidate that raises, or
 whose value `compare` cannot compare (it raises: NaN, a wrong shape or count), becomes an
 observation with that error; a sample the publisher cannot record is counted as dropped.
+
+`run_if` refusing a call (the server is busy, say) is no way out of the evidence either:
+the refusal is counted (`Publisher.skipped`), and at least `min_share` of the refused
+calls of each stratum run all the same (`Result.forced`), so the evidence covers the
+hours when run_if says no: under sustained load, the regime an experiment most needs to
+see, rather than only the quiet ones.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import queue
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
@@ -47,11 +54,15 @@ class Result(Generic[T]):
     matched: bool
     ignored: bool
     extra: dict[str, Any]  # what `run_candidate` measured besides (e.g. timings)
+    forced: bool = False  # run although run_if said no (the minimum share under load)
 
 
 class Publisher(Protocol):
     def publish(self, result: Result[Any]) -> None: ...
     def dropped(self, experiment: str, inputs: Any) -> None: ...
+    def skipped(self, experiment: str, inputs: Any) -> None:
+        """A call run_if refused and the minimum share did not take (counted, not run)."""
+        ...
 
 
 class Experiment(Generic[T]):
@@ -68,7 +79,11 @@ class Experiment(Generic[T]):
         queue_size: int = 64,
         rng: random.Random | None = None,
         nice: int = 0,
+        min_share: float = 0.0,
+        stratum: Callable[[Any], str] = lambda inputs: "",
     ) -> None:
+        """`min_share`: of the sampled calls that `run_if` refuses, the share that runs all
+        the same, per `stratum` of the inputs (a traffic class, say)."""
         self.name = name
         self._candidate = candidate
         self._compare = compare
@@ -76,7 +91,12 @@ class Experiment(Generic[T]):
         self.sample_rate = sample_rate
         self._run_if = run_if
         self._ignore = tuple(ignore)
-        self._queue: queue.Queue[tuple[Any, Observation[T]] | None] = queue.Queue(queue_size)
+        self.min_share = min_share
+        self._stratum = stratum
+        self._refused: Counter[str] = Counter()  # per stratum: calls run_if refused
+        self._forced: Counter[str] = Counter()  # of those, run all the same
+        self._count_lock = threading.Lock()
+        self._queue: queue.Queue[tuple[Any, Observation[T], bool] | None] = queue.Queue(queue_size)
         self._rng = rng or random.Random()
         self.enabled = True
         self._nice = nice
@@ -85,27 +105,51 @@ class Experiment(Generic[T]):
 
     def offer(self, inputs: Any, control: Observation[T]) -> bool:
         """Called on the request path after the control answered. Never blocks; returns
-        whether the call was sampled and queued."""
+        whether the call was sampled and queued. A sampled call ends queued, skipped
+        (counted) or dropped (counted)."""
         if not self.enabled or self._rng.random() >= self.sample_rate:
             return False
         try:
-            if not self._run_if(inputs):
-                return False
+            run = bool(self._run_if(inputs))
         except Exception:  # a broken run_if must not break the request
             log.exception("run_if of experiment %s failed", self.name)
-            return False
+            run = False
+        forced = False
+        if not run:
+            forced = self._take_refused(inputs)
+            if not forced:
+                self._count(self._publisher.skipped, inputs)
+                return False
         try:
-            self._queue.put_nowait((inputs, control))
+            self._queue.put_nowait((inputs, control, forced))
             return True
         except queue.Full:
             self._drop(inputs)
             return False
 
-    def _drop(self, inputs: Any) -> None:
+    def _take_refused(self, inputs: Any) -> bool:
+        """Whether a call run_if refused runs all the same: while fewer than min_share of
+        its stratum's refused calls ran, it does."""
         try:
-            self._publisher.dropped(self.name, inputs)
+            stratum = self._stratum(inputs)
+        except Exception:
+            log.exception("stratum of experiment %s failed", self.name)
+            stratum = ""
+        with self._count_lock:
+            self._refused[stratum] += 1
+            if self._forced[stratum] < self.min_share * self._refused[stratum]:
+                self._forced[stratum] += 1
+                return True
+        return False
+
+    def _count(self, what: Callable[[str, Any], None], inputs: Any) -> None:
+        try:
+            what(self.name, inputs)
         except Exception as exc:  # the request answered already; a lost count is not its fault
-            log.warning("experiment %s could not count a dropped sample: %s", self.name, exc)
+            log.warning("experiment %s could not count a sample: %s", self.name, exc)
+
+    def _drop(self, inputs: Any) -> None:
+        self._count(self._publisher.dropped, inputs)
 
     def drain(self, timeout: float = 30.0) -> None:
         """Wait until every queued sample has been published (tests, shutdown)."""
@@ -140,7 +184,7 @@ class Experiment(Generic[T]):
             finally:
                 self._queue.task_done()
 
-    def _run(self, inputs: Any, control: Observation[T]) -> None:
+    def _run(self, inputs: Any, control: Observation[T], forced: bool) -> None:
         try:
             cand, extra = self._candidate(inputs, control)
         except Exception as exc:
@@ -153,5 +197,5 @@ class Experiment(Generic[T]):
                 cand = replace(cand, error=exc)
         ignored = any(rule(control, cand) for rule in self._ignore)
         self._publisher.publish(
-            Result(self.name, inputs, control, (cand,), comparison, matched, ignored, extra)
+            Result(self.name, inputs, control, (cand,), comparison, matched, ignored, extra, forced)
         )

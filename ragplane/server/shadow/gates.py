@@ -4,13 +4,20 @@
     vector of every class >= min_cosine; the mean of every carried class >= mean_cosine;
     overlap@10 >= min_overlap.
   * G2 performance: in every carried class, enough timed batches (A/B/A and B/A/B in
-    turn), the canonical's A/A floor within max_aa_ratio of the shadow's B/B floor, and the
-    upper 95% bound of server.shadow.timing's estimate <= max_time_ratio.
+    turn), the canonical's A/A floor within max_aa_ratio of the shadow's B/B floor, the
+    upper 95% bound of server.shadow.timing's estimate <= max_time_ratio, and the batches
+    offered while the server was busy sampled at min_busy_coverage at least (else the
+    timings describe the quiet hours only).
   * G3 stability: at least min_releases distinct shadow releases passed G1 and G2 with no
     errors, each measured against the canonical and on the hardware class of the decision
-    at hand, over at least min_release_hours of shadow time and min_release_batches
-    sampled batches. The release history (server.shadow.releases) supplies them; the live
-    release counts when it meets the same bar now.
+    at hand, over at least min_release_hours of observed shadow time and
+    min_release_batches compared batches, no more than max_drop_share of them dropped,
+    and not barred by a failed watch. The release history (server.shadow.releases)
+    supplies them, each entry signed by a trusted measuring server; the live release
+    counts when it meets the same bar now.
+  * The watch: while the shadow serves, the same G1 and G2 on its watch evidence; one
+    that fails unflips the case and bars that release (its record is permanent) until a
+    new release: no flip without force, no record-release, no G3.
 
 A carried class is one with at least min_class_share of the release's sampled batches: a
 flip needs every class that real traffic uses to hold, whatever the current mix.
@@ -19,8 +26,9 @@ flip needs every class that real traffic uses to hold, whatever the current mix.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from types import MappingProxyType
 
 from ragplane.server.shadow.classes import LIMITS
 from ragplane.server.shadow.config import Gates
@@ -33,10 +41,14 @@ def _p1(low: list[float], n: int) -> float:
     return low[min(len(low), max(1, math.ceil(0.01 * n))) - 1] if low else 0.0
 
 
+def _offered(row: ClassRow) -> int:
+    return row.batches + row.dropped + row.skipped
+
+
 def _class(name: str, row: ClassRow, total: int) -> ClassEvidence:
     """One class's numbers as stored, not yet judged (`judge` does that)."""
     t = estimate(row.timings)
-    offered = row.batches + row.dropped
+    offered = _offered(row)
     return ClassEvidence(
         name=name,
         batches=offered,
@@ -51,6 +63,9 @@ def _class(name: str, row: ClassRow, total: int) -> ClassEvidence:
         timed_batches=t.batches,
         errors=row.errors,
         dropped=row.dropped,
+        sampled=row.batches,
+        skipped_busy=row.skipped,
+        busy_sampled=row.busy,
     )
 
 
@@ -79,18 +94,25 @@ def class_g1(c: ClassEvidence, g: Gates) -> bool:
     )
 
 
+def busy_covered(c: ClassEvidence, g: Gates) -> bool:
+    """The batches offered while requests waited were sampled at min_busy_coverage."""
+    busy = c.busy_sampled + c.skipped_busy
+    return busy == 0 or c.busy_sampled >= g.min_busy_coverage * busy
+
+
 def class_g2(c: ClassEvidence, g: Gates) -> bool:
     return (
         c.timed_batches >= g.min_timed_batches
         and floors_agree(c.aa_time_ratio, c.bb_time_ratio, g)
         and c.time_ratio_upper <= g.max_time_ratio
+        and busy_covered(c, g)
     )
 
 
 def release_evidence(s: StoredRelease, g: Gates) -> ReleaseEvidence:
     """The evidence of one stored release: pooled numbers at the top, each class judged."""
     rows = s.classes.values()
-    total = sum(r.batches + r.dropped for r in rows)
+    total = sum(_offered(r) for r in rows)
     classes = tuple(_class(name, row, total) for name, row in s.classes.items())
     n = sum(r.samples for r in rows)
     low = sorted(v for r in rows for v in r.low)
@@ -115,10 +137,14 @@ def release_evidence(s: StoredRelease, g: Gates) -> ReleaseEvidence:
         canonical=s.key.canonical,
         hardware=s.key.hardware,
         phase=s.key.phase,
-        seconds=max(r.updated_at for r in rows) - min(r.first_at for r in rows) if rows else 0.0,
+        seconds=sum(r.active_s for r in rows),
         batches=total,
         last_error=max(errs, key=lambda r: r.updated_at).last_error if errs else "",
         classes=classes,
+        sampled=sum(r.batches for r in rows),
+        compared=sum(r.batches - r.errors for r in rows),
+        skipped_busy=sum(r.skipped for r in rows),
+        busy_sampled=sum(r.busy for r in rows),
     )
     return judge(ev, g)
 
@@ -169,9 +195,14 @@ def g3_shortfall(ev: ReleaseEvidence, g: Gates, canonical: str, hardware: str) -
     if ev.hardware != hardware:
         return f"measured on {ev.hardware or 'an unnamed hardware class'}, not {hardware}"
     if ev.seconds < g.min_release_hours * 3600:
-        return f"{ev.seconds / 3600:.1f} h of shadow time < {g.min_release_hours:g} h"
-    if ev.batches < g.min_release_batches:
-        return f"{ev.batches} sampled batches < {g.min_release_batches}"
+        return f"{ev.seconds / 3600:.1f} h of observed shadow time < {g.min_release_hours:g} h"
+    if ev.compared < g.min_release_batches:
+        return f"{ev.compared} compared batches < {g.min_release_batches}"
+    if ev.batches and ev.dropped > g.max_drop_share * ev.batches:
+        return (
+            f"{ev.dropped} of {ev.batches} offered batches dropped (> {g.max_drop_share:.0%}): "
+            "the evidence is a biased sample"
+        )
     if not stable(ev, g):
         return "fails G1, G2 or had errors under today's gates"
     return ""
@@ -182,9 +213,11 @@ def _class_line(c: ClassEvidence, g: Gates, *, timing: bool) -> str:
     if not c.carried:
         return f"{head}: not judged (under {g.min_class_share:.0%})"
     if timing:
+        busy = c.busy_sampled / c.sampled if c.sampled else 0.0
         return (
             f"{head}: ratio={c.time_ratio:.3f} upper95={c.time_ratio_upper:.3f} "
-            f"A/A={c.aa_time_ratio:.3f} B/B={c.bb_time_ratio:.3f} over {c.timed_batches} batches"
+            f"A/A={c.aa_time_ratio:.3f} B/B={c.bb_time_ratio:.3f} over {c.timed_batches} "
+            f"batches; {busy:.0%} of samples under load, {c.skipped_busy} skipped busy"
         )
     return f"{head}: n={c.samples} min={c.cosine_min:.6f} mean={c.cosine_mean:.7f}"
 
@@ -225,6 +258,12 @@ def _g2_missing(cur: ReleaseEvidence, g: Gates) -> list[str]:
                 f"{c.name}: upper bound {c.time_ratio_upper:.3f} <= {g.max_time_ratio} (the "
                 f"shadow must get {c.time_ratio_upper / g.max_time_ratio:.2f}x faster)"
             )
+        if not busy_covered(c, g):
+            miss.append(
+                f"{c.name}: busy traffic unmeasured ({c.busy_sampled} of "
+                f"{c.busy_sampled + c.skipped_busy} batches offered under load sampled < "
+                f"{g.min_busy_coverage:.0%})"
+            )
     if not _carried(cur, g):
         miss.append("sampled traffic")
     return miss
@@ -254,18 +293,33 @@ def performance_gate(cur: ReleaseEvidence, g: Gates) -> GateResult:
 
 
 def stability_gate(
-    cur: ReleaseEvidence, g: Gates, recorded: Sequence[ReleaseEvidence], hardware: str
+    cur: ReleaseEvidence,
+    g: Gates,
+    recorded: Sequence[ReleaseEvidence],
+    hardware: str,
+    barred: Mapping[str, str] = MappingProxyType({}),
+    untrusted: Sequence[tuple[str, str]] = (),
 ) -> GateResult:
+    """`barred`: release -> why its watch failed; `untrusted`: (release, why) of history
+    entries whose signature did not verify, which `recorded` leaves out."""
     canonical = cur.canonical
     counted: dict[str, str] = {}
-    refused: dict[str, str] = {}
+    refused: dict[str, str] = {name: f"entry refused: {why}" for name, why in untrusted}
     for r in recorded:
-        why = g3_shortfall(r, g, canonical, hardware)
+        why = (
+            f"barred by its watch: {barred[r.shadow]}"
+            if r.shadow in barred
+            else g3_shortfall(r, g, canonical, hardware)
+        )
         if why:
             refused.setdefault(r.shadow, why)
         else:
             counted[r.shadow] = "recorded"
-    live_why = g3_shortfall(cur, g, canonical, hardware)
+    live_why = (
+        f"barred by its watch: {barred[cur.shadow]}"
+        if cur.shadow in barred
+        else g3_shortfall(cur, g, canonical, hardware)
+    )
     if not live_why:
         counted.setdefault(cur.shadow, "live")
     ok = len(counted) >= g.min_releases
@@ -284,8 +338,8 @@ def stability_gate(
         ""
         if ok
         else f"{g.min_releases - len(counted)} more release(s) that pass, each over "
-        f"{g.min_release_hours:g} h and {g.min_release_batches} batches, recorded by the "
-        "server that measured them (`ragplane shadow record-release`)"
+        f"{g.min_release_hours:g} h and {g.min_release_batches} batches, recorded and signed "
+        "by a trusted server that measured them (`ragplane shadow record-release`)"
     )
     return GateResult("G3 stability", ok, value, missing)
 
@@ -295,16 +349,19 @@ def evaluate_gates(
     g: Gates,
     recorded: Sequence[ReleaseEvidence] = (),
     hardware: str = "",
+    barred: Mapping[str, str] = MappingProxyType({}),
+    untrusted: Sequence[tuple[str, str]] = (),
 ) -> tuple[tuple[GateResult, ...], bool]:
     """G1 and G2 on the current shadow release's live evidence `cur`; G3 over the
-    `recorded` releases (the committed history) judged against today's gates, plus `cur`.
-    Returns the gates and whether the case is flip-eligible (all three pass)."""
+    `recorded` releases (the committed history, entries that verified) judged against
+    today's gates, plus `cur`. Returns the gates and whether the case is flip-eligible
+    (all three pass and the watch never failed this release)."""
     gates = (
         agreement_gate(cur, g),
         performance_gate(cur, g),
-        stability_gate(cur, g, recorded, hardware or cur.hardware),
+        stability_gate(cur, g, recorded, hardware or cur.hardware, barred, untrusted),
     )
-    return gates, all(x.passed for x in gates)
+    return gates, all(x.passed for x in gates) and cur.shadow not in barred
 
 
 def watch_verdict(ev: ReleaseEvidence, g: Gates) -> tuple[tuple[GateResult, ...], str]:
@@ -331,6 +388,15 @@ def watch_verdict(ev: ReleaseEvidence, g: Gates) -> tuple[tuple[GateResult, ...]
             g2.append(
                 f"{c.name}: time ratio upper bound {c.time_ratio_upper:.3f} > "
                 f"{g.max_time_ratio} over {c.timed_batches} batches"
+            )
+        if (
+            c.carried
+            and c.timed_batches >= g.watch_unproven_batches
+            and not floors_agree(c.aa_time_ratio, c.bb_time_ratio, g)
+        ):
+            g2.append(
+                f"{c.name}: timings still prove nothing after {c.timed_batches} batches (A/A "
+                f"{c.aa_time_ratio:.3f} vs B/B {c.bb_time_ratio:.3f} beyond {g.max_aa_ratio:g}x)"
             )
     gates = (
         GateResult("watch G1", not g1, agreement_gate(ev, g).value, "; ".join(g1)),

@@ -8,10 +8,12 @@ pair; a share of samples is also timed on the same texts — canonical, shadow, 
 and shadow, canonical, shadow in turn — so throughput is compared on identical batches,
 unbiased by the order of the runs, with each side's A/A noise floor.
 
-Every sampled batch ends as evidence: compared, failed (an error the gates see) or dropped
-(counted). Evidence is kept per traffic class and per phase: before a flip the gates
-decide whether the case may flip; after one, the same gates on the evidence since the flip
-(the watch) unflip it by themselves when the serving shadow stops holding them.
+Every offered batch ends as evidence: compared, failed (an error the gates see), dropped
+or skipped while busy (counted); a minimum share of the busy ones is sampled all the same.
+Evidence is kept per traffic class and per phase: before a flip the gates decide whether
+the case may flip; while the shadow serves, the same gates on its watch evidence unflip it
+by themselves when it stops holding them, and so does a bad vector on the serving path
+(`serving_failed`). A release whose watch failed is barred for good: its record stays.
 """
 
 from __future__ import annotations
@@ -23,61 +25,37 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ragplane.core.errors import FailedPrecondition, InvalidArgument
 from ragplane.core.poller import Poller
-from ragplane.server.embedding.base import Embedder, l2_normalize
+from ragplane.server.embedding.base import Embedder
+from ragplane.server.shadow.case import Batch, Case
 from ragplane.server.shadow.classes import classify
 from ragplane.server.shadow.compare import compare_rows
 from ragplane.server.shadow.config import PairConfig
 from ragplane.server.shadow.evidence import EvidenceKey, EvidenceStore
 from ragplane.server.shadow.experiment import Experiment, Observation, Result
-from ragplane.server.shadow.gates import evaluate_gates, release_evidence, watch_verdict
+from ragplane.server.shadow.gates import watch_verdict
 from ragplane.server.shadow.hardware import hardware_class
+from ragplane.server.shadow.probes import ProbeSet
 from ragplane.server.shadow.releases import (
     ReleaseHistory,
     ReleaseRecord,
     failing_reasons,
     record_from,
+    sign,
 )
+from ragplane.server.shadow.signing import Signer
+from ragplane.server.shadow.status import barred_releases, case_status, read_evidence
+from ragplane.server.shadow.timing import run_interleaved
 from ragplane.server.shadow.types import CaseStatus, ReleaseEvidence
 
 log = logging.getLogger(__name__)
 OVERLAP_EVERY = 10  # published samples between overlap@10 measurements
 COMPATIBLE_TTL_S = 1.0  # longest compatible() trusts a G1 it read, without new evidence
 FOLLOW_S = 0.5  # with a shared store: how often the stored flips are re-read
-
-
-@dataclass(frozen=True)
-class _Batch:
-    """What the experiment carries for one sampled batch: the texts and their class."""
-
-    texts: list[str]
-    cls: str
-
-
-@dataclass
-class _Case:
-    cfg: PairConfig
-    canonical: Embedder
-    shadow: Embedder
-    serving: str
-    hardware: str = ""
-    # the flip now in force was forced by an admin: the watch reports, but does not undo,
-    # what an admin chose against the gates
-    forced: bool = False
-    # timed batches so far per traffic class: the order of the runs alternates in each
-    timed: dict[str, int] = field(default_factory=dict)
-    experiment: Experiment | None = None
-    probes: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    published: int = 0
-    # G1 as (checked at, passed), so compatible() -- run on every text search of a
-    # collection whose embedder differs from the serving one -- reads the evidence store
-    # at most once per COMPATIBLE_TTL_S; new evidence clears it
-    g1: tuple[float, bool] | None = None
 
 
 class ShadowManager:
@@ -91,11 +69,14 @@ class ShadowManager:
         queue_size: int = 64,
         seed: int | None = None,
         on_flip=None,  # callable(case, serving identity), e.g. to register an embedder
-        busy=lambda: False,  # True while requests wait: the shadow then takes no samples
+        # True while requests wait: the shadow then samples only its minimum share
+        busy=lambda: False,
         history: ReleaseHistory | None = None,  # recorded releases, for G3
         unavailable: dict[str, str] | None = None,  # declared case -> why its shadow is off
+        signer: Signer | None = None,  # signs the release entries this server records
     ) -> None:
         self.store = store
+        self.signer = signer
         self.history = history or ReleaseHistory(None)
         self._canonical = canonical
         # declared pairs whose shadow cannot run: status says why, instead of nothing
@@ -103,10 +84,9 @@ class ShadowManager:
             name: (pairs[name], why) for name, why in (unavailable or {}).items() if name in pairs
         }
         self._rng = random.Random(seed)
-        self._lock = threading.Lock()
         self._on_flip = on_flip
         self._flipping = threading.RLock()  # a flip here, or one adopted from the store
-        self.cases: dict[str, _Case] = {}
+        self.cases: dict[str, Case] = {}
         # One thread for A/B/A timings, started here at the priority of the thread that
         # builds the manager: a thread inherits its creator's nice value on Linux, so one
         # started lazily by a niced worker would be niced too.
@@ -119,7 +99,8 @@ class ShadowManager:
             persisted, forced = store.state(name)
             declared = shadow.identity if cfg.status == "flipped" else canonical.identity
             serving = persisted if persisted in (canonical.identity, shadow.identity) else declared
-            case = _Case(cfg, canonical, shadow, serving, hardware_class(canonical, shadow), forced)
+            case = Case(cfg, canonical, shadow, serving, hardware_class(canonical, shadow), forced)
+            case.probes = ProbeSet(cfg.probe_corpus, random.Random(self._rng.random()))
             if cfg.status != "experimental":
                 case.experiment = Experiment(
                     name,
@@ -128,6 +109,8 @@ class ShadowManager:
                     publisher=_Publisher(self, case),
                     sample_rate=cfg.sample_rate,
                     run_if=lambda _batch: not busy(),
+                    min_share=cfg.min_busy_share,
+                    stratum=lambda batch: batch.cls,
                     queue_size=queue_size,
                     rng=random.Random(self._rng.random()),
                     nice=19,
@@ -157,22 +140,22 @@ class ShadowManager:
         if case is None or case.experiment is None:
             return
         cls = classify(tokens) if len(tokens) else None
-        batch = _Batch(list(texts), cls or "")
+        batch = Batch(list(texts), cls or "")
         case.experiment.offer(batch, Observation(embedder, vectors, None, seconds))
 
-    def _key(self, case: _Case) -> EvidenceKey:
+    def _key(self, case: Case) -> EvidenceKey:
         """Where a sample taken now is recorded: the watch while the shadow serves."""
         phase = "watch" if case.serving == case.shadow.identity else "shadow"
         return EvidenceKey(
             case.cfg.use_case, case.shadow.identity, case.canonical.identity, case.hardware, phase
         )
 
-    def _class_of(self, case: _Case, batch: _Batch) -> str:
+    def _class_of(self, case: Case, batch: Batch) -> str:
         return batch.cls or classify(case.canonical.count_tokens(batch.texts))
 
     # -- the experiment ------------------------------------------------------------------
 
-    def _candidate(self, case: _Case, batch: _Batch, control: Observation):
+    def _candidate(self, case: Case, batch: Batch, control: Observation):
         texts = batch.texts
         other = case.shadow if control.name == case.canonical.identity else case.canonical
         extra: dict = {}
@@ -185,8 +168,9 @@ class ShadowManager:
             shadow_first = case.timed.get(cls, 0) % 2 == 1
             case.timed[cls] = case.timed.get(cls, 0) + 1
             shadow_vecs, canon_vecs, timing = self._timing.submit(
-                self._aba, case, texts, shadow_first
-            ).result()
+                run_interleaved, case.canonical, case.shadow, texts, shadow_first,
+                case.cfg.timing_pause_ms / 1000,
+            ).result()  # fmt: skip
             extra["timing"] = timing
             value = shadow_vecs if other is case.shadow else canon_vecs
             # the middle run is the one embedder, the outer two the other
@@ -198,24 +182,7 @@ class ShadowManager:
             duration = time.perf_counter() - t0
         return Observation(other.identity, value, None, duration), extra
 
-    @staticmethod
-    def _aba(case: _Case, texts: list[str], shadow_first: bool):
-        """Three embeds of the same texts, canonical-shadow-canonical or, `shadow_first`,
-        shadow-canonical-shadow, each after the case's pause (server.shadow.timing: why
-        both orders). Returns both sides' vectors and (t1, t2, t3, shadow_first)."""
-        pause = case.cfg.timing_pause_ms / 1000
-        a, b = (case.shadow, case.canonical) if shadow_first else (case.canonical, case.shadow)
-        times, out = [], {}
-        for e in (a, b, a):
-            if pause:
-                time.sleep(pause)
-            t0 = time.perf_counter()
-            out[e.identity] = e.embed(texts, normalize=False)
-            times.append(time.perf_counter() - t0)
-        timing = (times[0], times[1], times[2], shadow_first)
-        return out[case.shadow.identity], out[case.canonical.identity], timing
-
-    def _publish(self, case: _Case, result: Result) -> None:
+    def _publish(self, case: Case, result: Result) -> None:
         case.g1 = None
         key, batch = self._key(case), result.inputs
         cls = self._class_of(case, batch)
@@ -223,10 +190,10 @@ class ShadowManager:
         if cand.error is not None:
             what = f"{type(cand.error).__name__}: {cand.error}"
             log.warning("shadow %s failed on %d texts: %s", cand.name, len(batch.texts), what)
-            self.store.record_error(key, cls, what)
+            self.store.record_error(key, cls, what, busy=result.forced)
             self._decide(case)
             return
-        self.store.record_agreement(key, cls, result.comparison.tolist())
+        self.store.record_agreement(key, cls, result.comparison.tolist(), busy=result.forced)
         if "timing" in result.extra:
             self.store.record_timing(key, cls, *result.extra["timing"])
         canon, shadow = (
@@ -234,15 +201,15 @@ class ShadowManager:
             if result.control.name == case.canonical.identity
             else (cand.value, result.control.value)
         )
-        self._add_probes(case, batch.texts, canon, shadow)
+        case.probes.add(batch.texts, canon, shadow)
         case.published += 1
         if case.published % OVERLAP_EVERY == 0:
             self.measure_overlap(case.cfg.use_case)
         self._decide(case)
 
-    def _decide(self, case: _Case) -> None:
-        """After each sample: the watch unflips a flipped case whose evidence since the
-        flip fails a gate; `auto` flips an eligible one."""
+    def _decide(self, case: Case) -> None:
+        """After each sample: the watch unflips a flipped case whose watch evidence fails
+        a gate; `auto` flips an eligible one."""
         if case.serving == case.shadow.identity:
             if case.forced:
                 return
@@ -257,6 +224,33 @@ class ShadowManager:
                     case, case.shadow.identity, "flip", False, "automatic: every gate holds"
                 )
 
+    def serving_failed(
+        self, use_case: str, embedder: str, texts: Sequence[str], tokens: Sequence[int], why: str
+    ) -> None:
+        """The serving path refused what `embedder` returned for `texts` (non-finite or
+        misshapen vectors) and answered with the canonical. When `embedder` is the
+        case's serving shadow: one watch error, recorded now whatever the sample rate,
+        and the case unflipped (forced flip or not: a bad vector is never served twice)."""
+        case = self.cases.get(use_case)
+        if case is None or embedder != case.shadow.identity:
+            return
+        what = f"served output refused: {why}"
+        log.error("%s: %s returned %s on %d texts", use_case, embedder, why, len(texts))
+        key = EvidenceKey(*self._key(case).row()[:4], phase="watch")
+        cls = classify(tokens) if len(tokens) else self._class_of(case, Batch(list(texts), ""))
+        try:
+            self.store.record_error(key, cls, what)
+        finally:
+            case.g1 = None
+            if case.serving == embedder:
+                try:
+                    self._set_serving(
+                        case, case.canonical.identity, "unflip", False, f"watch: {what}"
+                    )
+                except Exception:  # the store is away: this server stops serving it anyway
+                    log.exception("%s: the unflip could not be stored", use_case)
+                    case.serving, case.forced = case.canonical.identity, False
+
     @staticmethod
     def _unflipped(st: CaseStatus) -> bool:
         """An admin unflipped this very shadow release: `auto` must not flip it straight
@@ -268,42 +262,17 @@ class ShadowManager:
             and any(e.action == "flip" and e.serving == st.shadow for e in h)
         )
 
-    def _add_probes(self, case: _Case, texts, canon: np.ndarray, shadow: np.ndarray) -> None:
-        cap = case.cfg.probe_corpus
-        with self._lock:
-            for t, c, s in zip(texts, l2_normalize(canon), l2_normalize(shadow), strict=True):
-                if t in case.probes or not t.strip():
-                    continue
-                if len(case.probes) >= cap:  # reservoir: replace a random one
-                    victim = self._rng.choice(list(case.probes))
-                    del case.probes[victim]
-                case.probes[t] = (c, s)
-
     def measure_overlap(self, use_case: str) -> float:
-        """overlap@10: each probe query searched over the probe corpus with each embedder's
-        own vectors (exact search, the query itself left out)."""
+        """overlap@10 of the case's probe set (server.shadow.probes), recorded."""
         case = self.cases[use_case]
-        with self._lock:
-            items = list(case.probes.values())
-        if len(items) < 12:
-            return 0.0
-        canon = np.stack([c for c, _ in items])
-        shadow = np.stack([s for _, s in items])
-        nq = min(case.cfg.probe_queries, len(items))
-        total = 0.0
-        for i in range(nq):
-            sc, ss = canon @ canon[i], shadow @ shadow[i]
-            sc[i] = ss[i] = -np.inf
-            top_c = set(np.argpartition(-sc, 10)[:10].tolist())
-            top_s = set(np.argpartition(-ss, 10)[:10].tolist())
-            total += len(top_c & top_s) / 10
-        overlap = total / nq
-        self.store.record_overlap(self._key(case), overlap, nq)
+        overlap, nq = case.probes.overlap(case.cfg.probe_queries)
+        if nq:
+            self.store.record_overlap(self._key(case), overlap, nq)
         return overlap
 
     # -- status and flip -----------------------------------------------------------------
 
-    def _case(self, use_case: str) -> _Case:
+    def _case(self, use_case: str) -> Case:
         case = self.cases.get(use_case)
         if case is None and use_case in self.unavailable:
             raise FailedPrecondition(
@@ -316,46 +285,14 @@ class ShadowManager:
             )
         return case
 
-    def _evidence(self, case: _Case, phase: str) -> tuple[list[ReleaseEvidence], ReleaseEvidence]:
-        """Every stored release of the case in `phase`, and the current one's evidence
-        (the shadow as declared, against this canonical on this hardware class)."""
-        g = case.cfg.gates
-        releases = [release_evidence(s, g) for s in self.store.stored(case.cfg.use_case, phase)]
-        mine = (case.shadow.identity, case.canonical.identity, case.hardware)
-        cur = next(
-            (r for r in releases if (r.shadow, r.canonical, r.hardware) == mine),
-            ReleaseEvidence(shadow=mine[0], canonical=mine[1], hardware=mine[2], phase=phase),
-        )
-        return releases, cur
+    def _evidence(self, case: Case, phase: str) -> tuple[list[ReleaseEvidence], ReleaseEvidence]:
+        return read_evidence(self.store, case, phase)
 
-    def _watch_evidence(self, case: _Case) -> ReleaseEvidence:
+    def _watch_evidence(self, case: Case) -> ReleaseEvidence:
         return self._evidence(case, "watch")[1]
 
-    def _status(self, case: _Case) -> CaseStatus:
-        g = case.cfg.gates
-        releases, cur = self._evidence(case, "shadow")
-        recorded = [r.evidence for r in self.history.records(case.cfg.use_case)]
-        gates, eligible = evaluate_gates(cur, g, recorded, case.hardware)
-        flipped = case.serving == case.shadow.identity
-        watch = watch_verdict(self._watch_evidence(case), g)[0] if flipped else ()
-        return CaseStatus(
-            use_case=case.cfg.use_case,
-            status="flipped"
-            if flipped
-            else ("shadow-active" if case.cfg.status == "flipped" else case.cfg.status),
-            policy=case.cfg.policy,
-            sample_rate=case.cfg.sample_rate,
-            canonical=case.canonical.identity,
-            shadow=case.shadow.identity,
-            serving=case.serving,
-            gates=gates,
-            flip_eligible=eligible,
-            releases=tuple(releases),
-            history=tuple(self.store.history(case.cfg.use_case)),
-            hardware=case.hardware,
-            kernel=str(getattr(case.shadow, "kernel", "") or ""),
-            watch=watch,
-        )
+    def _status(self, case: Case) -> CaseStatus:
+        return case_status(case, self.store, self.history)
 
     def _unavailable_status(self, name: str) -> CaseStatus:
         cfg, why = self.unavailable[name]
@@ -382,20 +319,18 @@ class ShadowManager:
         ]
 
     def _set_serving(
-        self, case: _Case, serving: str, action: str, forced: bool, reason: str
+        self, case: Case, serving: str, action: str, forced: bool, reason: str
     ) -> None:
         """A compare-and-set on the stored state: a flip only over the canonical, an unflip
         only over the shadow, so of two servers deciding at once one wins; the other
-        adopts the winner's state. A flip starts a new watch: evidence from an earlier
-        flip does not carry over."""
+        adopts the winner's state. The watch evidence of earlier flips of the same release
+        stays: a release's record is permanent."""
         name, shadow = case.cfg.use_case, case.shadow.identity
         other = case.canonical.identity if serving == shadow else shadow
-        watch = shadow if action == "flip" else None
         with self._flipping:
             if self._on_flip is not None:
                 self._on_flip(name, serving)
-            cas = dict(expect=other, clear_watch=watch)
-            if not self.store.set_serving(name, serving, action, forced, reason, **cas):
+            if not self.store.set_serving(name, serving, action, forced, reason, expect=other):
                 self.refresh()
                 return
             case.serving, case.forced = serving, forced
@@ -421,11 +356,12 @@ class ShadowManager:
         if case.serving == case.shadow.identity:
             return st
         if not st.flip_eligible and not force:
-            failing = "; ".join(
-                f"{g.name}: {g.missing or g.value}" for g in st.gates if not g.passed
-            )
+            failing = [f"{g.name}: {g.missing or g.value}" for g in st.gates if not g.passed]
+            if st.barred:
+                why = f"the watch of {st.shadow} failed ({st.barred}); a new release is needed"
+                failing.insert(0, why)
             raise FailedPrecondition(
-                f"{use_case} is not flip-eligible: {failing}. Use force to flip anyway"
+                f"{use_case} is not flip-eligible: {'; '.join(failing)}. Use force to flip anyway"
             )
         reason = "forced by admin" if not st.flip_eligible else "every gate holds"
         self._set_serving(
@@ -441,13 +377,22 @@ class ShadowManager:
 
     def record_release(self, use_case: str) -> tuple[ReleaseRecord, bool]:
         """The live evidence of the case's current shadow release, judged under this
-        server's gates, as an entry of the release history (re-recording a release
-        replaces its entry). Returns the entry and whether it replaced one. Refused
-        (FailedPrecondition, with every reason) when the evidence fails G1 or G2 or had
-        a shadow error: the history holds only releases that passed."""
+        server's gates, as an entry of the release history signed by this server's key
+        (re-recording a release replaces its entry). Returns the entry and whether it
+        replaced one. Refused (FailedPrecondition, with every reason) when the evidence
+        fails G1 or G2 or had a shadow error, or the release's watch failed: the history
+        holds only releases that passed."""
         case = self._case(use_case)
         if self.history.path is None:
             raise FailedPrecondition("this server has no release history file (koder_toml)")
+        if self.signer is None:
+            raise FailedPrecondition("this server has no signing key to sign release entries")
+        barred = barred_releases(case, self._evidence(case, "watch")[0])
+        if case.shadow.identity in barred:
+            raise FailedPrecondition(
+                f"{case.shadow.identity} is not recorded: its watch failed after a flip "
+                f"({barred[case.shadow.identity]}); a new release is needed"
+            )
         _, cur = self._evidence(case, "shadow")
         if not cur.batches:
             raise FailedPrecondition(f"no live evidence for {cur.shadow} yet; send traffic")
@@ -456,7 +401,7 @@ class ShadowManager:
             raise FailedPrecondition(
                 f"{cur.shadow} is not recorded: under this server's gates " + "; ".join(why)
             )
-        rec = record_from(use_case, cur, case.cfg.gates)
+        rec = sign(record_from(use_case, cur, case.cfg.gates), self.signer)
         return rec, self.history.record(rec)
 
     def compatible(self, a: str, b: str) -> bool:
@@ -488,13 +433,17 @@ class ShadowManager:
 
 
 class _Publisher:
-    def __init__(self, manager: ShadowManager, case: _Case) -> None:
+    def __init__(self, manager: ShadowManager, case: Case) -> None:
         self._m = manager
         self._case = case
 
     def publish(self, result: Result) -> None:
         self._m._publish(self._case, result)
 
-    def dropped(self, experiment: str, inputs: _Batch) -> None:
+    def dropped(self, experiment: str, inputs: Batch) -> None:
         case = self._case
         self._m.store.record_drop(self._m._key(case), self._m._class_of(case, inputs))
+
+    def skipped(self, experiment: str, inputs: Batch) -> None:
+        case = self._case
+        self._m.store.record_skip(self._m._key(case), self._m._class_of(case, inputs))

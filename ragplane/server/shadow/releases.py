@@ -8,7 +8,11 @@ server runs now (re-recording a version replaces its entry), the file is committ
 the release, and every server that reads it judges each entry again against its own gates.
 
 JSON rather than TOML because the standard library both reads and writes it; entries are
-written with sorted keys and one field per line, so a new release is a readable diff.
+written one field per line, so a new release is a readable diff. Each entry is signed by
+the server that measured it (server.shadow.signing); an entry whose signature does not
+verify under a key koder.toml trusts is listed with the reason and never counted. Entries
+are written back exactly as read, so recording one release never breaks another's
+signature.
 """
 
 from __future__ import annotations
@@ -20,15 +24,17 @@ import platform
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ragplane.core.errors import InvalidArgument
 from ragplane.server.shadow.classes import NAMES
-from ragplane.server.shadow.config import Gates
+from ragplane.server.shadow.config import Gates, load_trusted_keys
 from ragplane.server.shadow.gates import agreement_gate, judge, performance_gate, stable
 from ragplane.server.shadow.hardware import cpu_model
+from ragplane.server.shadow.signing import Signer, verify
 from ragplane.server.shadow.types import ClassEvidence, ReleaseEvidence
 
 FILE_NAME = "self-hosted-releases.json"
@@ -39,7 +45,8 @@ ABOUT = (
     "that server's gates. G3 counts an entry only when it was measured against the canonical "
     "and on the hardware class of the decision at hand, over the minimum shadow time and "
     "batches, and passes G1 and G2 per traffic class (judged again against koder.toml's "
-    "gates) with no errors. Commit this file with each release."
+    "gates) with no errors, and only when its signature verifies under a key that koder.toml's "
+    "[release_keys] trusts. Commit this file with each release."
 )
 _KINDS = {"int": int, "float": float}
 # the numbers of an entry's "evidence" object and of each of its classes, with the type
@@ -61,6 +68,16 @@ class ReleaseRecord:
     recorded_at: str  # UTC, ISO 8601
     machine: str  # cores, CPU model, OS of the measuring machine
     gates: Gates  # the thresholds in force when recorded
+    # the entry as read from the file (None: made here, not yet written)
+    raw: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    # why its signature does not verify under the trusted keys ("" when it does)
+    untrusted: str = field(default="", compare=False)
+
+    @property
+    def key_id(self) -> str:
+        """The key that signed the entry, as the entry says ("" when unsigned)."""
+        sig = (self.raw or {}).get("signature")
+        return str(sig.get("key_id", "")) if isinstance(sig, dict) else ""
 
     @property
     def shadow(self) -> str:
@@ -82,7 +99,10 @@ class ReleaseRecord:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], where: str) -> ReleaseRecord:
+    def from_json(
+        cls, data: dict[str, Any], where: str, trusted: Mapping[str, str] | None = None
+    ) -> ReleaseRecord:
+        """An entry of the file; `trusted` (key id -> public key) judges its signature."""
         try:
             ev = data["evidence"]
             classes = tuple(
@@ -113,6 +133,8 @@ class ReleaseRecord:
                 recorded_at=str(data.get("recorded_at", "")),
                 machine=str(data.get("machine", "")),
                 gates=gates,
+                raw=data,
+                untrusted=verify(data, trusted or {}),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgument(
@@ -151,14 +173,18 @@ def record_from(
 
 
 class ReleaseHistory:
-    """The history file at `path` (None: no history, G3 counts only the live release).
+    """The history file at `path` (None: no history, G3 counts only the live release),
+    judged under the `trusted` signing keys (key id -> base64 raw public key).
 
     Reads are cached on the file's modification time and size, so a server that evaluates
     its gates on every published sample picks up a newly recorded release without a restart
     and without parsing the file each time."""
 
-    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None, trusted: Mapping[str, str] | None = None
+    ) -> None:
         self.path = Path(path) if path else None
+        self.trusted = dict(trusted or {})
         self._lock = threading.Lock()
         self._cache: tuple[tuple[int, int], list[ReleaseRecord]] | None = None
 
@@ -186,15 +212,30 @@ class ReleaseHistory:
             raise InvalidArgument(f"{where} is not valid JSON: {exc}") from None
         if not isinstance(data, dict) or not isinstance(data.get("releases", []), list):
             raise InvalidArgument(f'{where}: expected {{"releases": [...]}}')
-        return [ReleaseRecord.from_json(r, where) for r in data.get("releases", [])]
+        return [ReleaseRecord.from_json(r, where, self.trusted) for r in data.get("releases", [])]
+
+    def verified(self, use_case: str) -> tuple[list[ReleaseRecord], list[tuple[str, str]]]:
+        """The entries of `use_case` whose signature verifies, and (release, why) of those
+        that do not."""
+        ok, refused = [], []
+        for r in self.records(use_case):
+            if r.untrusted:
+                refused.append((r.shadow, r.untrusted))
+            else:
+                ok.append(r)
+        return ok, refused
 
     def counted(self, use_case: str, gates: Gates) -> list[str]:
-        """The recorded releases of `use_case` that G3 counts under `gates`."""
-        return [r.shadow for r in self.records(use_case) if stable(judge(r.evidence, gates), gates)]
+        """The recorded releases of `use_case` that G3 counts under `gates`: signed by a
+        trusted key, and passing."""
+        ok, _ = self.verified(use_case)
+        return [r.shadow for r in ok if stable(judge(r.evidence, gates), gates)]
 
     def record(self, rec: ReleaseRecord) -> bool:
-        """Add `rec`, replacing the entry of the same case and release if there is one
-        (returns True then). The file is replaced atomically: a reader never sees half."""
+        """Add `rec` (as its `raw` entry when it has one: see `sign`), replacing the entry
+        of the same case and release if there is one (returns True then). The other
+        entries are written back as read. The file is replaced atomically: a reader never
+        sees half."""
         if self.path is None:
             raise InvalidArgument("no release history file is configured")
         current = self.records()
@@ -203,7 +244,7 @@ class ReleaseHistory:
         body = {
             "about": ABOUT,
             "format": FORMAT,
-            "releases": [r.to_json() for r in [*kept, rec]],
+            "releases": [dict(r.raw) if r.raw is not None else r.to_json() for r in [*kept, rec]],
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
@@ -218,9 +259,17 @@ class ReleaseHistory:
         return replaced
 
 
+def sign(rec: ReleaseRecord, signer: Signer) -> ReleaseRecord:
+    """`rec` with its entry signed by `signer` (what `ReleaseHistory.record` writes)."""
+    return dataclasses.replace(rec, raw=signer.sign(rec.to_json()), untrusted="")
+
+
 def history_beside(koder_toml: str | os.PathLike[str] | None) -> ReleaseHistory:
-    """The history that belongs to a koder.toml: the file of that name in its folder."""
-    return ReleaseHistory(Path(koder_toml).parent / FILE_NAME if koder_toml else None)
+    """The history that belongs to a koder.toml: the file of that name in its folder,
+    judged under the keys the koder.toml trusts."""
+    if not koder_toml:
+        return ReleaseHistory(None)
+    return ReleaseHistory(Path(koder_toml).parent / FILE_NAME, load_trusted_keys(koder_toml))
 
 
 def render_markdown(records: list[ReleaseRecord], gates_of: dict[str, Gates]) -> list[str]:
@@ -231,19 +280,22 @@ def render_markdown(records: list[ReleaseRecord], gates_of: dict[str, Gates]) ->
     lines = [
         "| case | release | canonical | hardware | recorded | machine | shadow hours | "
         "batches | samples | cos min | cos mean | overlap@10 (probes) | time ratio | "
-        "upper 95% | timed batches | errors | G1 | G2 | passes today |",
-        "|" + " --- |" * 19,
+        "upper 95% | timed batches | errors | G1 | G2 | signed by | passes today |",
+        "|" + " --- |" * 20,
     ]
     for r in records:
         g = gates_of.get(r.use_case)
         e = judge(r.evidence, g) if g else r.evidence
         counts = ("yes" if stable(e, g) else "no") if g else "(case not declared)"
+        if r.untrusted:
+            counts = "no (signature)"
+        signed = r.key_id + (" (trusted)" if not r.untrusted else f": {r.untrusted}")
         lines.append(
             f"| {r.use_case} | {r.shadow} | {r.canonical} | {r.hardware or '(not recorded)'} | "
             f"{r.recorded_at} | {r.machine} | {e.seconds / 3600:.1f} | {e.batches} | {e.samples} | "
             f"{e.cosine_min:.7f} | {e.cosine_mean:.7f} | {e.overlap_at_10:.3f} ({e.probes}) | "
             f"{e.time_ratio:.3f} | {e.time_ratio_upper:.3f} | {e.timed_batches} | {e.errors} | "
             f"{'pass' if e.passed_g1 else 'fail'} | {'pass' if e.passed_g2 else 'fail'} | "
-            f"{counts} |"
+            f"{signed.strip(': ') or '-'} | {counts} |"
         )
     return lines

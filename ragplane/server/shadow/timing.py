@@ -36,6 +36,7 @@ With fewer than 2 blocks there is no bound (infinite).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -107,3 +108,19 @@ def estimate(timings: Sequence[Timing]) -> TimeRatio:
         batches=len(rows),
         blocks=blocks,
     )
+
+
+def run_interleaved(canonical, shadow, texts: list[str], shadow_first: bool, pause_s: float):
+    """Three embeds of the same texts, canonical-shadow-canonical or, `shadow_first`,
+    shadow-canonical-shadow, each after `pause_s` (the module docstring: why both
+    orders). Returns the shadow's vectors, the canonical's, and (t1, t2, t3,
+    shadow_first) in seconds."""
+    a, b = (shadow, canonical) if shadow_first else (canonical, shadow)
+    times, out = [], {}
+    for e in (a, b, a):
+        if pause_s:
+            time.sleep(pause_s)
+        t0 = time.perf_counter()
+        out[e.identity] = e.embed(texts, normalize=False)
+        times.append(time.perf_counter() - t0)
+    return out[shadow.identity], out[canonical.identity], (*times, shadow_first)

@@ -18,8 +18,10 @@ class ClassEvidence:
     """The evidence of one traffic class (server.shadow.classes) of one release."""
 
     name: str  # short | medium | window
-    batches: int = 0  # sampled batches of this class (compared, failed or dropped)
-    share: float = 0.0  # of all sampled batches of the release
+    # offered batches of this class: sampled (compared or failed) + skipped while the
+    # server was busy + dropped (the queue was full)
+    batches: int = 0
+    share: float = 0.0  # of all offered batches of the release
     samples: int = 0  # vectors compared
     cosine_min: float = 0.0
     cosine_mean: float = 0.0
@@ -30,6 +32,9 @@ class ClassEvidence:
     timed_batches: int = 0
     errors: int = 0
     dropped: int = 0
+    sampled: int = 0  # compared or failed
+    skipped_busy: int = 0  # not sampled: requests were waiting (counted, never silent)
+    busy_sampled: int = 0  # of `sampled`, those taken while requests were waiting
     carried: bool = False  # share >= the gates' min_class_share: must hold G1 and G2
     passed_g1: bool = False
     passed_g2: bool = False
@@ -59,11 +64,17 @@ class ReleaseEvidence:
     bb_time_ratio: float = 0.0  # shadow / shadow: its floor, beside aa_time_ratio's
     canonical: str = ""  # name@version it was compared against
     hardware: str = ""  # e.g. "cpu x86_64 avx512", "gpu NVIDIA H200" (server.shadow.hardware)
-    phase: str = "shadow"  # shadow: before a flip | watch: since the last flip
-    seconds: float = 0.0  # real shadow time: first to last observation
-    batches: int = 0  # sampled batches, every class
+    phase: str = "shadow"  # shadow: before a flip | watch: while the shadow served
+    # observed shadow time: the sum of the gaps between consecutive sampled batches, each
+    # at most evidence.ACTIVE_GAP_S (a quiet day adds nothing)
+    seconds: float = 0.0
+    batches: int = 0  # offered batches, every class (see ClassEvidence.batches)
     last_error: str = ""  # what the latest shadow error was
     classes: tuple[ClassEvidence, ...] = ()
+    sampled: int = 0  # compared or failed, every class
+    compared: int = 0  # compared batches: what G3's batch minimum counts (never drops)
+    skipped_busy: int = 0
+    busy_sampled: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,9 @@ class CaseStatus:
     reason: str = ""  # why the declared shadow does not run (status unavailable)
     hardware: str = ""  # the hardware class of this decision
     kernel: str = ""  # the kernel the shadow (embedder_rs) chose, e.g. avx512, avx2, wgpu
-    # after a flip: the same gates on the evidence since the flip, which unflip the case
-    # by themselves when one fails
+    # the watch of the current release (its evidence while it served, every flip of it):
+    # the same gates, which unflip the case by themselves when one fails
     watch: tuple[GateResult, ...] = ()
+    # why the current release may not flip again (its watch failed), "" when it may
+    barred: str = ""
+    watch_releases: tuple[ReleaseEvidence, ...] = ()  # every release's watch record

@@ -33,15 +33,15 @@ def make_v1(url: str) -> str:
     return store_id
 
 
-def test_the_newest_version_is_3_with_the_servers_state_tables_and_the_head_guard():
-    assert schema.VERSION == 3 == max(schema.UPGRADES)
+def test_the_newest_version_is_4_with_the_servers_state_tables_and_the_head_guard():
+    assert schema.VERSION == 4 == max(schema.UPGRADES)
 
 
 def test_a_version_1_database_upgrades_in_place_keeping_its_data(db_url):
     store_id = make_v1(db_url)
     with psycopg.connect(db_url, autocommit=True) as c:
         assert schema.migrate(c) == store_id  # the same store, not a new one
-        assert schema.current_version(c) == 3
+        assert schema.current_version(c) == schema.VERSION
         assert V2_TABLES <= tables(c)
         assert c.execute("SELECT pos FROM rp_head").fetchone()[0] == 1
         assert c.execute("SELECT pos, op FROM rp_changes").fetchall() == [(1, {"op": "create"})]
@@ -49,8 +49,13 @@ def test_a_version_1_database_upgrades_in_place_keeping_its_data(db_url):
             ("t", "docs", {"dim": 4})
         ]
         assert c.execute("SELECT id, pos, vectors FROM rp_items").fetchall() == [("a", 1, b"\x01")]
+        shadow = {r[0] for r in c.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_name = 'rp_shadow_evidence'"
+        ).fetchall()}
+        assert {"skipped", "busy", "active_s"} <= shadow  # version 4
         assert schema.migrate(c) == store_id  # again: nothing to do
-        assert schema.current_version(c) == 3
+        assert schema.current_version(c) == schema.VERSION
         c.execute("SELECT rp_expect_head(1)")  # the head is 1: passes
         with pytest.raises(psycopg.errors.SerializationFailure, match="before position 2"):
             c.execute("SELECT rp_expect_head(2)")
@@ -81,5 +86,5 @@ def test_servers_migrating_at_once_do_not_race(db_url, start):
     assert len(ids) == n and len(set(ids)) == 1
     assert before is None or ids[0] == before
     with psycopg.connect(db_url, autocommit=True) as c:
-        assert schema.current_version(c) == 3
+        assert schema.current_version(c) == schema.VERSION
         assert c.execute("SELECT count(*) FROM rp_meta").fetchone()[0] == 1

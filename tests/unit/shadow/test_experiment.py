@@ -14,12 +14,16 @@ class FakePublisher:
     def __init__(self) -> None:
         self.results = []
         self.drops = 0
+        self.skips = []
 
     def publish(self, result) -> None:
         self.results.append(result)
 
     def dropped(self, experiment: str, inputs) -> None:
         self.drops += 1
+
+    def skipped(self, experiment: str, inputs) -> None:
+        self.skips.append(inputs)
 
 
 def make(pub, candidate, **kw):
@@ -55,6 +59,7 @@ def test_sample_rate_and_run_if():
     e.sample_rate = 1.0
     e._run_if = lambda inputs: inputs != "skip"
     assert not e.offer("skip", Observation("control", 1, None, 0))
+    assert pub.skips == ["skip"]  # refused by run_if: counted, never silent
     assert e.offer("go", Observation("control", "go", None, 0))
     e.drain()
     e.close()
@@ -125,3 +130,31 @@ def test_a_result_the_publisher_cannot_take_is_counted_as_dropped():
     e.drain()
     e.close()
     assert pub.drops == 3
+
+
+def test_a_minimum_share_of_what_run_if_refuses_runs_anyway_per_stratum():
+    pub = FakePublisher()
+    e = make(
+        pub,
+        lambda i, c: (Observation("c", i, None, 0), {}),
+        run_if=lambda inputs: False,  # always busy
+        min_share=0.2,
+        stratum=lambda inputs: inputs[0],
+    )
+    offers = [("a", i) for i in range(50)] + [("b", i) for i in range(10)]
+    queued = [x for x in offers if e.offer(x, Observation("control", x, None, 0))]
+    e.drain()
+    e.close()
+    for stratum, n in (("a", 50), ("b", 10)):
+        ran = [r for r in pub.results if r.inputs[0] == stratum]
+        skipped = [x for x in pub.skips if x[0] == stratum]
+        assert len(ran) + len(skipped) == n  # every refused call ran or was counted
+        assert len(ran) >= 0.2 * n and len(ran) <= 0.2 * n + 1  # the share, not more
+        assert all(r.forced for r in ran)
+    assert len(queued) == len(pub.results)
+    # without a minimum share nothing refused runs, and all of it is counted
+    pub2 = FakePublisher()
+    e2 = make(pub2, lambda i, c: (Observation("c", i, None, 0), {}), run_if=lambda x: False)
+    assert not any(e2.offer(i, Observation("control", i, None, 0)) for i in range(20))
+    e2.close()
+    assert len(pub2.skips) == 20 and not pub2.results

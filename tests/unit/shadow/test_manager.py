@@ -15,12 +15,12 @@ from ragplane.server.shadow.manager import ShadowManager
 from tests.unit.shadow import LAX
 
 
-def test_no_samples_while_requests_wait(tmp_path):
+def test_while_requests_wait_the_shadow_takes_its_minimum_share_and_counts_the_rest(tmp_path):
     busy = [True]
     canonical, shadow = FakeEmbedder(), FakeEmbedder(version="2")
-    pairs = {"embeddings": PairConfig("embeddings", "fake", "fake", sample_rate=1.0)}
+    pair = PairConfig("embeddings", "fake", "fake", sample_rate=1.0, min_busy_share=0.25)
     m = ShadowManager(
-        pairs,
+        {"embeddings": pair},
         canonical,
         {"embeddings": shadow},
         EvidenceStore(tmp_path / "s.db"),
@@ -29,14 +29,17 @@ def test_no_samples_while_requests_wait(tmp_path):
     try:
         texts = ["one text", "another text"]
         vecs = canonical.embed(texts, normalize=False)
-        m.observe("embeddings", texts, vecs, 0.01, canonical.identity)
-        m.drain()
-        assert m.status()[0].releases == ()  # nothing sampled while busy
-        busy[0] = False
-        m.observe("embeddings", texts, np.asarray(vecs), 0.01, canonical.identity)
+        for _ in range(8):
+            m.observe("embeddings", texts, vecs, 0.01, canonical.identity, [4, 4])
         m.drain()
         (rel,) = m.status()[0].releases
-        assert rel.samples == 2 and rel.cosine_min > 0.9999
+        assert (rel.batches, rel.sampled, rel.busy_sampled, rel.skipped_busy) == (8, 2, 2, 6)
+        busy[0] = False
+        m.observe("embeddings", texts, np.asarray(vecs), 0.01, canonical.identity, [4, 4])
+        m.drain()
+        (rel,) = m.status()[0].releases
+        assert (rel.batches, rel.sampled, rel.busy_sampled, rel.skipped_busy) == (9, 3, 2, 6)
+        assert rel.samples == 6 and rel.cosine_min > 0.9999
     finally:
         m.close()
 

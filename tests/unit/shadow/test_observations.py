@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ragplane.core.errors import StorageFull
+from ragplane.core.errors import FailedPrecondition, StorageFull
 from ragplane.server.embedding.fake import FakeEmbedder
 from ragplane.server.shadow.config import Gates, PairConfig
 from ragplane.server.shadow.evidence import EvidenceStore
@@ -159,7 +159,7 @@ def test_the_watch_unflips_a_shadow_that_got_slow_after_the_flip(tmp_path):
         m.close()
 
 
-def test_the_watch_unflips_on_an_error_and_a_new_flip_starts_a_new_watch(tmp_path):
+def test_the_watch_unflips_on_an_error_and_bars_the_release_until_a_new_one(tmp_path):
     shadow = Broken("")
     gates = Gates(**{**LAX.__dict__, "max_time_ratio": 1e9, "max_aa_ratio": 1e9})
     m, canonical = manager(tmp_path, shadow, gates=gates, timing_rate=1.0)
@@ -174,11 +174,32 @@ def test_the_watch_unflips_on_an_error_and_a_new_flip_starts_a_new_watch(tmp_pat
         (st,) = m.status()
         assert st.serving == "fake@1" and "watch: 1 shadow error(s)" in st.history[-1].reason
         shadow.how = ""
-        m.flip("embeddings")  # the old watch's error does not unflip this one
-        send(m, canonical, 2)
-        assert m.serving("embeddings") == "fake@2"
+        send(m, canonical, 4)  # the shadow phase looks clean again...
+        (st,) = m.status()
+        assert st.gates[0].passed and not st.flip_eligible  # ...but the watch's record stays
+        assert "1 shadow error(s)" in st.barred and st.watch_releases[0].errors == 1
+        with pytest.raises(FailedPrecondition, match="the watch of fake@2 failed"):
+            m.flip("embeddings")
+        assert m.flip("embeddings", force=True).serving == "fake@2"  # an admin may force it
     finally:
         m.close()
+    # a restart keeps the bar; a new release starts clean
+    again, canonical = manager(tmp_path, Broken(""), gates=gates, timing_rate=1.0)
+    try:
+        (st,) = again.status()
+        assert st.barred and not st.flip_eligible
+    finally:
+        again.close()
+    fixed = Broken("")
+    fixed.version = "3"
+    new, canonical = manager(tmp_path, fixed, gates=gates, timing_rate=1.0)
+    try:
+        new.unflip("embeddings")
+        send(new, canonical, 12)
+        (st,) = new.status()
+        assert st.shadow == "fake@3" and not st.barred and st.flip_eligible, st.gates
+    finally:
+        new.close()
 
 
 def test_the_watch_reports_but_does_not_undo_a_forced_flip(tmp_path):

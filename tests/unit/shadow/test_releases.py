@@ -15,7 +15,14 @@ import pytest
 from ragplane.core.errors import InvalidArgument
 from ragplane.server.shadow import config
 from ragplane.server.shadow.config import Gates, discover_koder_toml
-from ragplane.server.shadow.releases import FILE_NAME, ReleaseHistory, history_beside, record_from
+from ragplane.server.shadow.releases import (
+    FILE_NAME,
+    ReleaseHistory,
+    history_beside,
+    record_from,
+    sign,
+)
+from ragplane.server.shadow.signing import Signer
 from ragplane.server.shadow.types import ClassEvidence, ReleaseEvidence
 from ragplane.testkit.harness import ROOT
 
@@ -100,11 +107,15 @@ def test_an_entry_from_before_classes_reads_and_never_passes(tmp_path):
 
 
 def test_counted_rejudges_against_the_gates_and_skips_errors(tmp_path):
-    h = ReleaseHistory(tmp_path / FILE_NAME)
-    h.record(record_from("embeddings", evidence("rs@1"), G))
-    h.record(record_from("embeddings", evidence("rs@2", errors=1), G))
-    h.record(record_from("embeddings", evidence("rs@3", upper=1.2), G))
-    h.record(record_from("other", evidence("rs@4"), G))
+    signer = Signer.in_dir(tmp_path)
+    h = ReleaseHistory(tmp_path / FILE_NAME, {signer.key_id: signer.public})
+    for case, ev in (
+        ("embeddings", evidence("rs@1")),
+        ("embeddings", evidence("rs@2", errors=1)),
+        ("embeddings", evidence("rs@3", upper=1.2)),
+        ("other", evidence("rs@4")),
+    ):
+        h.record(sign(record_from(case, ev, G), signer))
     assert h.counted("embeddings", G) == ["rs@1"]
     assert h.counted("embeddings", Gates(min_samples=1000)) == []  # stricter gates today
 

@@ -127,7 +127,7 @@ class GateResult(_message.Message):
     def __init__(self, name: _Optional[str] = ..., passed: _Optional[bool] = ..., value: _Optional[str] = ..., missing: _Optional[str] = ...) -> None: ...
 
 class ReleaseEvidence(_message.Message):
-    __slots__ = ("shadow", "samples", "cosine_min", "cosine_p1", "cosine_mean", "overlap_at_10", "time_ratio", "time_ratio_upper", "aa_time_ratio", "errors", "dropped", "passed_g1", "passed_g2", "probes", "timed_batches", "canonical", "hardware", "phase", "seconds", "batches", "last_error", "classes", "bb_time_ratio")
+    __slots__ = ("shadow", "samples", "cosine_min", "cosine_p1", "cosine_mean", "overlap_at_10", "time_ratio", "time_ratio_upper", "aa_time_ratio", "errors", "dropped", "passed_g1", "passed_g2", "probes", "timed_batches", "canonical", "hardware", "phase", "seconds", "batches", "last_error", "classes", "bb_time_ratio", "sampled", "compared", "skipped_busy", "busy_sampled")
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     COSINE_MIN_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +151,10 @@ class ReleaseEvidence(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     CLASSES_FIELD_NUMBER: _ClassVar[int]
     BB_TIME_RATIO_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    COMPARED_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_BUSY_FIELD_NUMBER: _ClassVar[int]
+    BUSY_SAMPLED_FIELD_NUMBER: _ClassVar[int]
     shadow: str
     samples: int
     cosine_min: float
@@ -174,10 +178,14 @@ class ReleaseEvidence(_message.Message):
     last_error: str
     classes: _containers.RepeatedCompositeFieldContainer[ClassEvidence]
     bb_time_ratio: float
-    def __init__(self, shadow: _Optional[str] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_p1: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., overlap_at_10: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ..., probes: _Optional[int] = ..., timed_batches: _Optional[int] = ..., canonical: _Optional[str] = ..., hardware: _Optional[str] = ..., phase: _Optional[str] = ..., seconds: _Optional[float] = ..., batches: _Optional[int] = ..., last_error: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[ClassEvidence, _Mapping]]] = ..., bb_time_ratio: _Optional[float] = ...) -> None: ...
+    sampled: int
+    compared: int
+    skipped_busy: int
+    busy_sampled: int
+    def __init__(self, shadow: _Optional[str] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_p1: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., overlap_at_10: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ..., probes: _Optional[int] = ..., timed_batches: _Optional[int] = ..., canonical: _Optional[str] = ..., hardware: _Optional[str] = ..., phase: _Optional[str] = ..., seconds: _Optional[float] = ..., batches: _Optional[int] = ..., last_error: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[ClassEvidence, _Mapping]]] = ..., bb_time_ratio: _Optional[float] = ..., sampled: _Optional[int] = ..., compared: _Optional[int] = ..., skipped_busy: _Optional[int] = ..., busy_sampled: _Optional[int] = ...) -> None: ...
 
 class ClassEvidence(_message.Message):
-    __slots__ = ("name", "batches", "share", "samples", "cosine_min", "cosine_mean", "time_ratio", "time_ratio_upper", "aa_time_ratio", "timed_batches", "errors", "dropped", "carried", "passed_g1", "passed_g2", "bb_time_ratio")
+    __slots__ = ("name", "batches", "share", "samples", "cosine_min", "cosine_mean", "time_ratio", "time_ratio_upper", "aa_time_ratio", "timed_batches", "errors", "dropped", "carried", "passed_g1", "passed_g2", "bb_time_ratio", "sampled", "skipped_busy", "busy_sampled")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +202,9 @@ class ClassEvidence(_message.Message):
     PASSED_G1_FIELD_NUMBER: _ClassVar[int]
     PASSED_G2_FIELD_NUMBER: _ClassVar[int]
     BB_TIME_RATIO_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_BUSY_FIELD_NUMBER: _ClassVar[int]
+    BUSY_SAMPLED_FIELD_NUMBER: _ClassVar[int]
     name: str
     batches: int
     share: float
@@ -210,7 +221,10 @@ class ClassEvidence(_message.Message):
     passed_g1: bool
     passed_g2: bool
     bb_time_ratio: float
-    def __init__(self, name: _Optional[str] = ..., batches: _Optional[int] = ..., share: _Optional[float] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., timed_batches: _Optional[int] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., carried: _Optional[bool] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ..., bb_time_ratio: _Optional[float] = ...) -> None: ...
+    sampled: int
+    skipped_busy: int
+    busy_sampled: int
+    def __init__(self, name: _Optional[str] = ..., batches: _Optional[int] = ..., share: _Optional[float] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., timed_batches: _Optional[int] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., carried: _Optional[bool] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ..., bb_time_ratio: _Optional[float] = ..., sampled: _Optional[int] = ..., skipped_busy: _Optional[int] = ..., busy_sampled: _Optional[int] = ...) -> None: ...
 
 class FlipEvent(_message.Message):
     __slots__ = ("at", "action", "serving", "forced", "reason")
@@ -227,7 +241,7 @@ class FlipEvent(_message.Message):
     def __init__(self, at: _Optional[float] = ..., action: _Optional[str] = ..., serving: _Optional[str] = ..., forced: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ShadowCase(_message.Message):
-    __slots__ = ("use_case", "status", "policy", "sample_rate", "canonical", "shadow", "serving", "gates", "flip_eligible", "releases", "history", "reason", "hardware", "kernel", "watch")
+    __slots__ = ("use_case", "status", "policy", "sample_rate", "canonical", "shadow", "serving", "gates", "flip_eligible", "releases", "history", "reason", "hardware", "kernel", "watch", "barred", "watch_releases")
     USE_CASE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +257,8 @@ class ShadowCase(_message.Message):
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
     KERNEL_FIELD_NUMBER: _ClassVar[int]
     WATCH_FIELD_NUMBER: _ClassVar[int]
+    BARRED_FIELD_NUMBER: _ClassVar[int]
+    WATCH_RELEASES_FIELD_NUMBER: _ClassVar[int]
     use_case: str
     status: str
     policy: str
@@ -258,7 +274,9 @@ class ShadowCase(_message.Message):
     hardware: str
     kernel: str
     watch: _containers.RepeatedCompositeFieldContainer[GateResult]
-    def __init__(self, use_case: _Optional[str] = ..., status: _Optional[str] = ..., policy: _Optional[str] = ..., sample_rate: _Optional[float] = ..., canonical: _Optional[str] = ..., shadow: _Optional[str] = ..., serving: _Optional[str] = ..., gates: _Optional[_Iterable[_Union[GateResult, _Mapping]]] = ..., flip_eligible: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseEvidence, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[FlipEvent, _Mapping]]] = ..., reason: _Optional[str] = ..., hardware: _Optional[str] = ..., kernel: _Optional[str] = ..., watch: _Optional[_Iterable[_Union[GateResult, _Mapping]]] = ...) -> None: ...
+    barred: str
+    watch_releases: _containers.RepeatedCompositeFieldContainer[ReleaseEvidence]
+    def __init__(self, use_case: _Optional[str] = ..., status: _Optional[str] = ..., policy: _Optional[str] = ..., sample_rate: _Optional[float] = ..., canonical: _Optional[str] = ..., shadow: _Optional[str] = ..., serving: _Optional[str] = ..., gates: _Optional[_Iterable[_Union[GateResult, _Mapping]]] = ..., flip_eligible: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseEvidence, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[FlipEvent, _Mapping]]] = ..., reason: _Optional[str] = ..., hardware: _Optional[str] = ..., kernel: _Optional[str] = ..., watch: _Optional[_Iterable[_Union[GateResult, _Mapping]]] = ..., barred: _Optional[str] = ..., watch_releases: _Optional[_Iterable[_Union[ReleaseEvidence, _Mapping]]] = ...) -> None: ...
 
 class ShadowStatusResponse(_message.Message):
     __slots__ = ("cases",)
@@ -293,16 +311,18 @@ class RecordReleaseRequest(_message.Message):
     def __init__(self, use_case: _Optional[str] = ...) -> None: ...
 
 class RecordReleaseResponse(_message.Message):
-    __slots__ = ("evidence", "replaced", "history", "machine")
+    __slots__ = ("evidence", "replaced", "history", "machine", "key_id")
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     REPLACED_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     MACHINE_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
     evidence: ReleaseEvidence
     replaced: bool
     history: str
     machine: str
-    def __init__(self, evidence: _Optional[_Union[ReleaseEvidence, _Mapping]] = ..., replaced: _Optional[bool] = ..., history: _Optional[str] = ..., machine: _Optional[str] = ...) -> None: ...
+    key_id: str
+    def __init__(self, evidence: _Optional[_Union[ReleaseEvidence, _Mapping]] = ..., replaced: _Optional[bool] = ..., history: _Optional[str] = ..., machine: _Optional[str] = ..., key_id: _Optional[str] = ...) -> None: ...
 
 class CreateKeyRequest(_message.Message):
     __slots__ = ("tenant", "scopes", "description")
