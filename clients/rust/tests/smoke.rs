@@ -154,7 +154,10 @@ async fn smoke_against_live_server() {
     assert_eq!(info.embedder, emb.embedder);
     let again = c.create_collection(&name).await.expect_err("created twice");
     assert_eq!(again.code(), tonic::Code::AlreadyExists);
-    let same = c.get_or_create_collection(&name).await.expect("get or create");
+    let same = c
+        .get_or_create_collection(&name)
+        .await
+        .expect("get or create");
     assert_eq!((same.name.as_str(), same.dim), (name.as_str(), info.dim));
 
     let docs = [
