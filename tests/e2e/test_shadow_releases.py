@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from ragplane.server.cli import app
 from ragplane.server.embedding.fake import FakeEmbedder
 from ragplane.server.shadow.releases import FILE_NAME
+from ragplane.server.shadow.signing import Signer
 from ragplane.testkit.harness import InProcessServer
 from ragplane.testkit.texts import corpus
 from ragplane.v1 import admin_pb2, embed_pb2
@@ -43,7 +44,11 @@ min_releases = 2
 
 def start(tmp_path, name, shadow=None, *, max_ratio=1e9, shadow_name="fake", **overrides):
     koder = tmp_path / "koder.toml"
-    koder.write_text(KODER.format(shadow=shadow_name, max_ratio=max_ratio))
+    trusted = koder.read_text().partition("[release_keys]")[2] if koder.exists() else ""
+    koder.write_text(
+        KODER.format(shadow=shadow_name, max_ratio=max_ratio)
+        + (f"\n[release_keys]{trusted}" if trusted else "")
+    )
     return InProcessServer(
         tmp_path / name,
         koder_toml=str(koder),
@@ -76,9 +81,12 @@ def test_record_release_and_g3_from_the_history(tmp_path):
         assert not g3.passed and "1 of 2" in g3.value and "fake@2 live" in g3.value
         code, out = cli(srv, "record-release")
         assert code == 0 and "recorded fake@2" in out and "shadow time" in out, out
+        signer = Signer.in_dir(tmp_path / "a")  # the measuring server's key
+        assert f"signed by key {signer.key_id}" in " ".join(out.split()), out
         code, out = cli(srv, "record-release")
         assert code == 0 and "replaced fake@2" in out, out
         (entry,) = json.loads(history.read_text())["releases"]
+        assert entry["signature"]["key_id"] == signer.key_id
         assert entry["shadow"] == "fake@2" and entry["canonical"] == "fake@1"
         assert entry["hardware"] == case.hardware and entry["hardware"].startswith("cpu ")
         assert entry["evidence"]["classes"][0]["name"] == "short"
@@ -102,9 +110,19 @@ def test_record_release_and_g3_from_the_history(tmp_path):
         text = md.read_text()
         assert "## Release history" in text
         (row,) = [line for line in text.splitlines() if line.startswith("| embeddings | fake@2")]
-        assert row.endswith("| pass | pass | yes |")
+        assert row.endswith("does not trust | no (signature) |"), row  # koder.toml trusts none
     finally:
         srv.stop()
+    # the next release, before koder.toml trusts the measuring server: G3 refuses the entry
+    srv = start(tmp_path, "b", FakeEmbedder(version="3"))
+    try:
+        traffic(srv)
+        g3 = srv.stubs.admin.ShadowStatus(admin_pb2.ShadowStatusRequest()).cases[0].gates[2]
+        assert not g3.passed and "fake@2: entry refused: signed by key" in g3.value, g3
+    finally:
+        srv.stop()
+    trusted = f'\n[release_keys]\n"{signer.key_id}" = "{signer.public}"\n'
+    (tmp_path / "koder.toml").write_text((tmp_path / "koder.toml").read_text() + trusted)
     # the next release: a fresh data directory, the recorded one counts, G3 holds
     srv = start(tmp_path, "b", FakeEmbedder(version="3"))
     try:

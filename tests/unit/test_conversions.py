@@ -165,11 +165,12 @@ def test_shadow_case_round_trip_with_classes_and_watch():
     )
 
     cls = ClassEvidence("window", 7, 0.25, 70, 0.9999, 0.99999, 1.02, 1.04, 1.01, 0.99, 31, 1,
-                        2, True, False, True)  # fmt: skip
+                        2, True, False, True, sampled=4, skipped_busy=1, busy_sampled=2)  # fmt: skip
     rel = ReleaseEvidence(
         "rs@2", 9, 0.9999, 0.99991, 0.99999, 0.98, 40, 0.9, 0.95, 1.0, 33, 1, 2, True, False,
         canonical="onnx@1", hardware="cpu x86_64 avx2", phase="watch", seconds=12.5,
         batches=28, last_error="ShadowOutputError: NaN", classes=(cls,), bb_time_ratio=1.01,
+        sampled=20, compared=19, skipped_busy=5, busy_sampled=3,
     )  # fmt: skip
     case = CaseStatus(
         "embeddings", "flipped", "auto", 0.1, "onnx@1", "rs@2", "rs@2",
@@ -177,5 +178,6 @@ def test_shadow_case_round_trip_with_classes_and_watch():
         releases=(rel,), history=(FlipEvent(1.5, "flip", "rs@2", False, "every gate"),),
         hardware="cpu x86_64 avx2", kernel="avx2",
         watch=(GateResult("watch G2", False, "v", "window: slow"),),
+        barred="1 shadow error(s)", watch_releases=(rel,),
     )  # fmt: skip
     assert conv.shadow_case_from_pb(conv.shadow_case_to_pb(case)) == case

@@ -32,12 +32,12 @@ class ClassEvidence:
     timed_batches: int = 0
     errors: int = 0
     dropped: int = 0
-    sampled: int = 0  # compared or failed
-    skipped_busy: int = 0  # not sampled: requests were waiting (counted, never silent)
-    busy_sampled: int = 0  # of `sampled`, those taken while requests were waiting
     carried: bool = False  # share >= the gates' min_class_share: must hold G1 and G2
     passed_g1: bool = False
     passed_g2: bool = False
+    sampled: int = 0  # compared or failed
+    skipped_busy: int = 0  # not sampled: requests were waiting (counted, never silent)
+    busy_sampled: int = 0  # of `sampled`, those taken while requests were waiting
 
 
 @dataclass(frozen=True)
