@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu tools serve serve-cluster test test-ray test-all lint protos protos-check bench loadtest loadtest-fake soak fuzz crash clean
+.PHONY: help install install-gpu tools serve serve-cluster test test-ray test-all lint protos protos-check bench loadtest loadtest-fake soak fuzz crash flip-demo service-g2 service-g2-load clean
 
 help: ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -92,6 +92,9 @@ flip-demo: install ## the embeddings case flipping on its own evidence, or the g
 
 service-g2: install ## G2 in the service: Locust mixed, shadow at sample rate 1.0, ~4 minutes
 	$(PY) -m bench.service_g2
+
+service-g2-load: install ## G2 from a quiet run (1 user) and a loaded one (8 users) side by side, 2 min each
+	$(PY) -m bench.service_g2 --quiet-and-loaded --run-time 120
 
 clean: ## remove the venv and build outputs
 	rm -rf $(VENV) .tools embedder_rs/target clients/rust/target ragplane-data ragplane-cluster

@@ -86,6 +86,7 @@ def write_koder(
         "sample_rate = 1.0",
         f'policy = "{policy}"',
         f"timing_rate = {timing_rate}",
+        f"min_busy_share = {declared.get('min_busy_share', 0.2)!r}",
         "",
         f"[self_hosted.{CASE}.gates]",
         *(f"{k} = {v!r}" for k, v in gates.items()),

@@ -8,6 +8,13 @@ reads ShadowStatus: the time ratio, its upper 95% bound and the number of timed 
 (G2 needs >= 30), the A/A noise floor and G1's numbers. The gates are the repository's
 (koder.toml), minimums included.
 
+With `--quiet-and-loaded` it runs twice on fresh servers, one Locust user (requests one
+after another: the quiet hours) and then `--users` (8 by default: the busy hours), and
+reports G2 from both side by side with what the shadow did with every offered batch:
+sampled (how many while requests waited), skipped because requests waited, dropped. The
+loaded run passes when offered = sampled + skipped + dropped in every class and the share
+sampled under load is at least the pair's min_busy_share.
+
 Exit status: 0 when G1 and G2 both hold, 3 when either does not, 4 when fewer timed
 batches than G2 asks for were taken, 1 when the load test failed, 2 without embedder_rs.
 """
@@ -127,6 +134,11 @@ def measure(
         "timed_batches": rel.timed_batches,
         "errors": rel.errors,
         "dropped": rel.dropped,
+        "offered": rel.batches,
+        "sampled": rel.sampled,
+        "busy_sampled": rel.busy_sampled,
+        "skipped_busy": rel.skipped_busy,
+        "seconds": rel.seconds,
         "g1": g1.passed,
         "g2": g2.passed,
         "hardware": case.hardware,
@@ -142,6 +154,11 @@ def measure(
                 "cosine_min": c.cosine_min,
                 "judged": c.carried,
                 "g2": c.passed_g2,
+                "offered": c.batches,
+                "sampled": c.sampled,
+                "busy_sampled": c.busy_sampled,
+                "skipped_busy": c.skipped_busy,
+                "dropped": c.dropped,
             }
             for c in rel.classes
         ],
@@ -181,6 +198,60 @@ def report(r: dict) -> str:
     )
 
 
+def busy_share(c: dict) -> float:
+    """Of the batches offered while requests waited, the share sampled (1.0 with none)."""
+    busy = c["busy_sampled"] + c["skipped_busy"]
+    return c["busy_sampled"] / busy if busy else 1.0
+
+
+def compare_report(quiet: dict, loaded: dict, min_share: float) -> str:
+    """Quiet and loaded runs side by side, per traffic class."""
+    rows = []
+    for label, r in (("quiet", quiet), ("loaded", loaded)):
+        for c in r["classes"]:
+            rows.append(
+                f"| {label} ({r['users']} user{'s' if r['users'] > 1 else ''}) | {c['name']} | "
+                f"{c['offered']} | {c['sampled']} ({c['busy_sampled']}) | {c['skipped_busy']} | "
+                f"{c['dropped']} | {busy_share(c):.0%} | {c['timed_batches']} | "
+                f"{c['time_ratio']:.3f} | {c['time_ratio_upper95']:.3f} | {c['aa_time_ratio']:.3f} "
+                f"| {'pass' if c['g2'] else 'fail'} |"
+            )
+    head = (
+        "| run | class | offered | sampled (under load) | skipped busy | dropped | "
+        "sampled share under load | timed | time ratio | upper 95% | A/A | G2 |\n"
+        + "|---" * 12
+        + "|\n"
+    )
+    return (
+        f"{quiet['shadow']} vs {quiet['canonical']} (hardware `{quiet['hardware']}`, kernel "
+        f"`{quiet['kernel']}`), Locust mixed, {quiet['run_time_s']} s each on a fresh server, "
+        f"sample_rate 1.0, every sample timed A/B/A; min_busy_share {min_share:g}:\n\n"
+        + head
+        + "\n".join(rows)
+        + "\n\n"
+        + "".join(
+            f"- {label}: {r['load_requests']} requests ({r['load_failures']} failed); pooled "
+            f"ratio {r['time_ratio']:.3f}, upper 95% {r['time_ratio_upper95']:.3f} over "
+            f"{r['timed_batches']} timed batches; G1 {'pass' if r['g1'] else 'fail'} (min cos "
+            f"{r['cosine_min']:.7f}), G2 {'pass' if r['g2'] else 'fail'}; "
+            f"{r['seconds']:.0f} s of observed shadow time\n"
+            for label, r in (("quiet", quiet), ("loaded", loaded))
+        )
+        + "\nCommand: `python -m bench.service_g2 --quiet-and-loaded` (`make service-g2-load`)."
+    )
+
+
+def accounting_holds(r: dict, min_share: float) -> list[str]:
+    """What the loaded run's accounting breaks, if anything."""
+    bad = []
+    for c in r["classes"]:
+        if c["offered"] != c["sampled"] + c["skipped_busy"] + c["dropped"]:
+            bad.append(f"{c['name']}: offered {c['offered']} != sampled + skipped + dropped")
+        if c["busy_sampled"] + c["skipped_busy"] and busy_share(c) < min_share * 0.95:
+            bad.append(f"{c['name']}: {busy_share(c):.0%} sampled under load < {min_share:g}")
+    return bad
+
+
 def run() -> tuple[dict, str]:
     """The `python -m bench --only service` section."""
     try:
@@ -209,6 +280,11 @@ def main() -> int:
         action="store_true",
         help="record the evidence as this release's entry in self-hosted-releases.json",
     )
+    p.add_argument(
+        "--quiet-and-loaded",
+        action="store_true",
+        help="one run with 1 user, one with --users (8 unless given), side by side",
+    )
     args = p.parse_args()
     try:
         import embedder_rs
@@ -217,6 +293,8 @@ def main() -> int:
     except (ImportError, AttributeError) as exc:
         print(f"embedder_rs is not installed ({exc}); `make install` builds it")
         return EXIT_NO_RUST
+    if args.quiet_and_loaded:
+        return _quiet_and_loaded(args)
     r = measure(args.users, args.run_time, args.seed_items, args.record)
     print("\n" + report(r))
     print("\n".join(r["gates"]))
@@ -228,6 +306,22 @@ def main() -> int:
     if r["timed_batches"] < 30:
         return EXIT_FEW
     return 0 if r["g1"] and r["g2"] else EXIT_HELD
+
+
+def _quiet_and_loaded(args: argparse.Namespace) -> int:
+    from ragplane.server.shadow.config import load_pairs
+
+    min_share = load_pairs(ROOT / "koder.toml")["embeddings"].min_busy_share
+    users = args.users if args.users != 4 else 8
+    quiet = measure(1, args.run_time, args.seed_items)
+    loaded = measure(users, args.run_time, args.seed_items)
+    print("\n" + compare_report(quiet, loaded, min_share))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"quiet": quiet, "loaded": loaded}, indent=2))
+    bad = accounting_holds(loaded, min_share)
+    for line in bad:
+        print("accounting:", line)
+    return 1 if bad or quiet["load_exit"] or loaded["load_exit"] else 0
 
 
 if __name__ == "__main__":
