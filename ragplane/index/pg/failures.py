@@ -64,8 +64,10 @@ def translate(exc: BaseException, where: str) -> RagplaneError | None:
     state = exc.sqlstate or ""
     first = _first_line(exc)
     if (not state and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)) or (
-        _matches(state, _TRANSIENT)
-    ):
+        _matches(state, ("08", "57P"))
+    ):  # the line lost, refused or cut by a shutdown
+        return Unavailable(f"PostgreSQL ({where}) is unreachable: {first}; retry", RETRY_AFTER)
+    if _matches(state, _TRANSIENT):
         return Unavailable(f"PostgreSQL ({where}) is unavailable: {first}; retry", RETRY_AFTER)
     if state.startswith("23"):
         return Unavailable(
