@@ -75,8 +75,9 @@ def registry_lines(koder_toml: Path, pairs: dict[str, PairConfig]) -> list[str]:
         f"From `{FILE_NAME}` (committed; `ragplane shadow record-release` asks the server "
         "that measured a release to add it). G3 counts an entry only when it was measured "
         "against the canonical and on the hardware class of the decision at hand, over the "
-        "minimum shadow time and batches, and passes G1 and G2 per traffic class under the "
-        "case's gates today with no errors; the live release counts when it does so now.",
+        "minimum observed shadow time and compared batches, and passes G1 and G2 per traffic "
+        "class under the case's gates today with no errors, and only when it is signed by a "
+        "key koder.toml's [release_keys] trusts; the live release counts when it does so now.",
         "",
         *render_markdown(records, {name: cfg.gates for name, cfg in pairs.items()}),
     ]
