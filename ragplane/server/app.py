@@ -180,6 +180,7 @@ def _assemble(
             embedding.register(case.shadow)
         embedding.shadow = shadow
         collections.set_compatibility(shadow.compatible)
+        memory.set_compatibility(shadow.compatible)
         admin.shadow = shadow
         runtime.shadow = shadow
         stack.callback(shadow.close)

@@ -4,7 +4,8 @@ tenancy and the embedder-identity check.
 Every collection records the embedder (name@version) whose vectors it holds. Text that
 is embedded for it (on upsert or as a query) must come from that embedder, unless the
 shadow says the two agree (G1) — otherwise the call is refused with FAILED_PRECONDITION
-naming both, and a rebuild with re-embedding is the way forward.
+naming both, and a rebuild with re-embedding is the way forward. The check, chunking and
+embedding are `embedded_items.py`'s, shared with memory namespaces.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ragplane.core.errors import FailedPrecondition, InvalidArgument
+from ragplane.core.errors import InvalidArgument
 from ragplane.index import Engine
 from ragplane.index.fusion import check as check_fusion
 from ragplane.index.types import (
@@ -28,14 +29,13 @@ from ragplane.index.types import (
     Record,
     SearchMode,
     SearchResult,
-    Span,
 )
 from ragplane.index.validate import check_top_k, query_vectors
 from ragplane.server import auth, chunking, groups
+from ragplane.server.embedded_items import Compatible, ItemEmbedding
+from ragplane.server.embedding.base import Embedder
 from ragplane.server.embedding.service import EmbeddingService
 from ragplane.server.search_batcher import SearchCoalescer
-
-Compatible = Callable[[str, str], bool]
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class CollectionService:
         self.embedding = embedding
         self.max_batch_items = max_batch_items
         self.max_item_text_bytes = max_item_text_bytes
-        self._compatible = compatible or (lambda a, b: a == b)
+        self.embedded = ItemEmbedding(embedding, compatible)
         self.searches = SearchCoalescer(engine, max_batch=search_max_batch)
 
     @staticmethod
@@ -81,7 +81,7 @@ class CollectionService:
         return auth.current.get().tenant
 
     def set_compatibility(self, compatible: Compatible) -> None:
-        self._compatible = compatible
+        self.embedded.set_compatibility(compatible)
 
     def create(
         self,
@@ -130,22 +130,16 @@ class CollectionService:
     def describe(self, name: str) -> CollectionInfo:
         return self.engine.describe(self._tenant(), name)
 
-    def _embedder_for(self, info: CollectionInfo, what: str):
-        embedder = self.embedding.serving_embedder()
+    def _embedder_for(self, info: CollectionInfo, what: str) -> Embedder:
         if not info.embedder:
             raise InvalidArgument(
                 f"collection {info.name!r} holds {info.dim}-dim vectors from callers, not from "
                 f"an embedder; send vectors instead of {what}"
             )
-        if info.embedder != embedder.identity and not self._compatible(
-            info.embedder, embedder.identity
-        ):
-            raise FailedPrecondition(
-                f"collection {info.name!r} holds vectors of {info.embedder}, but {what} would be "
-                f"embedded by {embedder.identity}, and that pair has not passed the agreement "
-                f"gate (G1); rebuild the collection with --reembed, or send vectors"
-            )
-        return embedder
+        return self.embedded.embedder_for(
+            info.embedder, f"collection {info.name!r}", what,
+            "rebuild the collection with --reembed, or send vectors",
+        )
 
     def upsert(
         self, name: str, records: Sequence[Record], *, is_active: Callable[[], bool] = lambda: True
@@ -171,25 +165,20 @@ class CollectionService:
                     f"items[{i}] (id {records[i].id!r}) has neither a vector nor text"
                 )
         embedder = self._embedder_for(info, "item text")
-        chunker = chunking.chunker_for(embedder)
         texts = [records[i].text for i in to_embed]
         records = list(records)
         if info.chunking.enabled:
             chunking.check_window(info.chunking, embedder, name)
-            spans = chunker.spans(texts, info.chunking)
-            pieces = [t[s:e] for t, sp in zip(texts, spans, strict=True) for s, e in sp]
-            vectors, identity = self._embed_all(pieces, is_active)
-            row = 0
-            for i, sp in zip(to_embed, spans, strict=True):
-                chunks = [Span(s, e, vectors[row + j]) for j, (s, e) in enumerate(sp)]
-                row += len(sp)
+            spans, identity = self.embedded.chunks(texts, info.chunking, embedder, is_active)
+            for i, chunks in zip(to_embed, spans, strict=True):
                 records[i] = replace(records[i], chunks=chunks)
-            truncated, n_chunks = 0, len(records) - len(to_embed) + len(pieces)
+            truncated = 0
+            n_chunks = len(records) - len(to_embed) + sum(len(sp) for sp in spans)
         else:
-            truncated = chunker.truncated(texts, embedder.max_seq_length)
+            truncated = chunking.chunker_for(embedder).truncated(texts, embedder.max_seq_length)
             # past the window nothing is embedded: a prefix keeps Embed's byte limit
             head = self.embedding.max_text_bytes // 4
-            vectors, identity = self._embed_all([t[:head] for t in texts], is_active)
+            vectors, identity = self.embedded.embed_all([t[:head] for t in texts], is_active)
             for row, i in enumerate(to_embed):
                 records[i] = replace(records[i], vector=vectors[row])
             n_chunks = len(records)
@@ -205,16 +194,6 @@ class CollectionService:
                         f"{self.max_item_text_bytes} bytes (max_item_text_bytes); split the "
                         "document into several items"
                     )
-
-    def _embed_all(self, texts: list[str], is_active: Callable[[], bool]) -> tuple[np.ndarray, str]:
-        """Embed any number of texts, in requests the embedding service accepts."""
-        step = self.embedding.max_batch_texts
-        parts, identity = [], ""
-        for lo in range(0, len(texts), step):
-            result = self.embedding.embed(texts[lo : lo + step], is_active=is_active)
-            parts.append(result.vectors)
-            identity = result.embedder
-        return np.concatenate(parts), identity
 
     def items(self, name: str, *, page: int, page_size: int) -> tuple[list[Record], bool]:
         """Page `page` (from 0) of the collection's live items in write order, without

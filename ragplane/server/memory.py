@@ -21,7 +21,9 @@ the most relevant `max(10 * top_k, 100)` live memories, re-ranked by the score.
 A memory is one vector unless its text is longer than the embedder's window: then it is
 chunked as collection items are (`ragplane.server.chunking`; namespaces made before
 chunking keep one truncated vector), ranks by its best chunk, and is deduplicated by its
-first chunk's vector.
+first chunk's vector. A namespace holds one embedder's vectors: text is embedded for it
+(remembered or as a query) only by that embedder or one the shadow says agrees with it (G1),
+as for collections (`embedded_items.py`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ from ragplane.index.types import (
 )
 from ragplane.index.validate import check_name
 from ragplane.server import auth, chunking
+from ragplane.server.embedded_items import Compatible, ItemEmbedding
+from ragplane.server.embedding.base import Embedder
 from ragplane.server.embedding.service import EmbeddingService
 
 log = logging.getLogger(__name__)
@@ -101,12 +105,17 @@ class MemoryService:
 
     def __post_init__(self) -> None:
         self._store = self.engine.of_kind(Kind.MEMORY)
+        self.embedded = ItemEmbedding(self.embedding)
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
         self.sweep_every = 0.0  # seconds between sweeps (0: no sweeper runs)
         self.last_sweep: tuple[float, int] | None = None  # (when, memories removed)
+
+    def set_compatibility(self, compatible: Compatible) -> None:
+        """Which embedders' vectors a namespace may mix (the shadow's G1), as collections."""
+        self.embedded.set_compatibility(compatible)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -237,17 +246,22 @@ class MemoryService:
         """The memory's vector (its first chunk's when it is split) and its chunks (none
         when it fits the window, or its namespace was made before chunking)."""
         try:
-            ch = self._store.describe(space, namespace).chunking
-        except NotFound:
-            ch = self._chunking()
-        embedder = self.embedding.serving_embedder()
-        spans = [(0, len(text))]
-        if ch.enabled:
-            spans = chunking.chunker_for(embedder).spans([text], ch)[0]
-        vecs = self.embedding.embed([text[s:e] for s, e in spans], is_active=is_active).vectors
-        if len(spans) == 1:
-            return vecs[0], []
-        return vecs[0], [Span(s, e, v) for (s, e), v in zip(spans, vecs, strict=True)]
+            info = self._store.describe(space, namespace)
+        except NotFound:  # a new namespace: the serving embedder's, chunked at its window
+            embedder, rule = self.embedding.serving_embedder(), self._chunking()
+        else:
+            embedder, rule = self._embedder_for(info, "the memory's text"), info.chunking
+        if not rule.enabled:
+            return self.embedded.embed_all([text], is_active)[0][0], []
+        spans = self.embedded.chunks([text], rule, embedder, is_active)[0][0]
+        return spans[0].vector, spans if len(spans) > 1 else []
+
+    def _embedder_for(self, info: CollectionInfo, what: str) -> Embedder:
+        return self.embedded.embedder_for(
+            info.embedder, f"namespace {info.name!r}", what,
+            "unflip the case (`ragplane shadow unflip`) to remember into it or recall from "
+            "it, or forget the whole namespace (Forget with all) and remember again",
+        )
 
     def recall(
         self,
@@ -323,6 +337,7 @@ class MemoryService:
             return self._store.search_lexical(space, namespace, query, k, **opts).hits
         if mode is SearchMode.HYBRID:
             check_fusion(fusion)  # before the embedding is paid for
+        self._embedder_for(self._store.describe(space, namespace), "the query")
         vec = self.embedding.embed([query], is_active=is_active).vectors[0]
         if mode is SearchMode.HYBRID:
             return self._store.search_hybrid(
