@@ -45,8 +45,9 @@ def record_some(s: EvidenceStore) -> None:
     s.record_overlap(KEY, 0.7, 5)
     s.record_overlap(KEY, 0.8, 6)  # the latest measurement replaces the last
     s.record_agreement(WATCH, "short", [0.5])
-    s.clear("embeddings", "s@2", "watch")
-    s.record_agreement(WATCH, "short", [0.6])
+    s.record_agreement(WATCH, "short", [0.6], busy=True)
+    s.record_skip(KEY, "short")
+    s.record_skip(KEY, "short")
     s.set_serving("embeddings", "s@2", "flip", True, "forced by admin")
     s.set_serving("embeddings", "c@1", "unflip", False, "admin unflip", expect="s@2")
 
@@ -54,7 +55,7 @@ def record_some(s: EvidenceStore) -> None:
 def untimed(s: EvidenceStore) -> tuple:
     def release(r):
         classes = {
-            c: dataclasses.replace(row, first_at=0.0, updated_at=0.0)
+            c: dataclasses.replace(row, first_at=0.0, updated_at=0.0, active_s=0.0)
             for c, row in r.classes.items()
         }
         return dataclasses.replace(r, classes=classes)
@@ -80,7 +81,8 @@ def test_the_shared_store_holds_the_same_evidence_as_sqlite(tmp_path, pg_store):
         assert rel.classes["short"].samples == 5 and rel.classes["short"].cos_min == 0.97
         assert rel.classes["short"].low == [0.97, 0.98, 0.99, 0.995, 1.0]
         assert len(rel.classes["short"].timings) == 3 and rel.classes["medium"].errors == 1
-        assert [r.classes["short"].low for r in got[1]] == [[0.6]]  # the cleared watch
+        assert [r.classes["short"].low for r in got[1]] == [[0.5, 0.6]]  # the watch is kept
+        assert got[1][0].classes["short"].busy == 1 and rel.classes["short"].skipped == 2
         assert got[3] == ("c@1", False)
     finally:
         lite.close()
@@ -138,7 +140,6 @@ def race(stores: list[EvidenceStore], serving: str, expect: str, action: str) ->
         won.append(
             stores[i % 2].set_serving(
                 "embeddings", serving, action, False, f"server {i}", expect=expect,
-                clear_watch="s@2" if action == "flip" else None,
             )
         )  # fmt: skip
 
@@ -152,12 +153,13 @@ def race(stores: list[EvidenceStore], serving: str, expect: str, action: str) ->
 
 def test_of_servers_flipping_at_once_exactly_one_wins(pools):
     stores = [EvidenceStore.in_postgres(p) for p in pools]
-    stores[0].record_agreement(WATCH, "short", [0.5])  # an earlier watch, to be cleared
+    stores[0].record_agreement(WATCH, "short", [0.5])  # an earlier watch: its record stays
     for serving, expect, action in (("s@2", "c@1", "flip"), ("c@1", "s@2", "unflip")):
         assert race(stores, serving, expect, action) == [False] * 7 + [True]
         assert stores[1].serving("embeddings") == serving
     assert [e.action for e in stores[0].history("embeddings")] == ["flip", "unflip"]
-    assert stores[0].stored("embeddings", "watch") == []  # the winning flip cleared it
+    (kept,) = stores[0].stored("embeddings", "watch")  # no flip deletes a release's record
+    assert kept.classes["short"].low == [0.5]
 
 
 def test_the_history_is_in_commit_order_whatever_the_servers_clocks_say(pools, monkeypatch):
