@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ragplane.server.cli import app
+from ragplane.server.ray_start import init_ray, shutdown_ray
 from ragplane.testkit.harness import ROOT, InProcessServer
 from ragplane.testkit.texts import sentences, topic_passages
 from ragplane.v1 import admin_pb2, common_pb2, embed_pb2, index_pb2
@@ -34,10 +35,11 @@ TEXTS = [*sentences()[:240], *topic_passages()[:60]]
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=300 << 20,
+    # a head in a fresh interpreter: this process holds gRPC threads (ray_start.py says why)
+    init_ray(ray, "local", num_cpus=2, include_dashboard=False, object_store_memory=300 << 20,
              logging_level=logging.WARNING, log_to_driver=False)
     yield
-    ray.shutdown()
+    shutdown_ray(ray)
 
 
 @pytest.fixture(scope="module")

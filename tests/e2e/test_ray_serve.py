@@ -16,6 +16,7 @@ import numpy as np
 import psutil
 import pytest
 
+from ragplane.server.ray_start import init_ray, shutdown_ray
 from ragplane.testkit.harness import InProcessServer, SubprocessServer
 from ragplane.testkit.texts import sentences, topic_passages
 from ragplane.v1 import admin_pb2, embed_pb2
@@ -60,7 +61,10 @@ def ray_cluster():
     import ray
     from ray import serve
 
-    ray.init(
+    # a head in a fresh interpreter: this process holds gRPC threads (ray_start.py says why)
+    init_ray(
+        ray,
+        "local",
         num_cpus=2,
         include_dashboard=False,
         object_store_memory=300 << 20,
@@ -69,7 +73,7 @@ def ray_cluster():
     )
     yield
     serve.shutdown()
-    ray.shutdown()
+    shutdown_ray(ray)
 
 
 @pytest.fixture(scope="module")

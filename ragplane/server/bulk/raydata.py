@@ -32,7 +32,7 @@ from ragplane.core import errors
 from ragplane.core.errors import InvalidArgument, RagplaneError, Unavailable
 from ragplane.server.bulk import files, rows
 from ragplane.server.bulk.embed import VECTOR, EmbedBatch, EmbedderSpec
-from ragplane.server.ray_start import init_ray
+from ragplane.server.ray_start import init_ray, shutdown_ray
 
 # A local instance's shared-memory store: enough for the pipeline's few batches in flight
 # (backpressure keeps it so), small enough for a container's /dev/shm.
@@ -92,7 +92,7 @@ def session(target: str, *, object_store_mb: int = LOCAL_OBJECT_STORE_MB) -> Ite
         yield _cluster(target)
     finally:
         if started:
-            ray.shutdown()
+            shutdown_ray(ray)
 
 
 def _init(target: str, options: dict[str, Any]) -> None:

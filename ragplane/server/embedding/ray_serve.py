@@ -30,7 +30,7 @@ import numpy as np
 
 from ragplane.core.errors import Unavailable
 from ragplane.server.embedding.base import Embedder, Identified, l2_normalize
-from ragplane.server.ray_start import init_ray
+from ragplane.server.ray_start import init_ray, shutdown_ray
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class RayServeEmbedder(Identified):
         self._closed = True
         if self._started_ray:  # the whole instance goes, the app with it
             serve.shutdown()
-            ray.shutdown()
+            shutdown_ray(ray)
             return
         try:
             serve.delete(self.options.app)
