@@ -196,9 +196,9 @@ unsafe fn scale_rows(out: *mut f32, stride: usize, dh: usize, scales: &[f32]) {
 /// that it vectorises. Below -87 it returns ~1e-38 instead of a subnormal; against a row
 /// whose largest term is 1 that is zero.
 ///
-/// In fused multiply-adds since 0.10.0: one rounding a step and half the vector ops of a
-/// multiply and an add, whose dependency chain held the softmax at ~2 cycles a score on
-/// AVX-512 (a 250 x 250 block: ~20% faster with the vector tail below). Inside the AVX2,
+/// In fused multiply-adds: one rounding a step and half the vector ops of a multiply and
+/// an add, whose dependency chain holds the softmax at ~2 cycles a score on AVX-512 (a
+/// 250 x 250 block: ~20% faster in FMAs, with the vector tail below). Inside the AVX2,
 /// AVX-512 and NEON builds each is one instruction; the portable x86 build (a CPU without
 /// FMA) calls libm's `fmaf`, which is exact and slow.
 #[inline(always)]

@@ -128,14 +128,14 @@ struct Buffers {
 /// kept. Fresh buffers of a few MB are mmaps whose pages the kernel zeroes on first touch:
 /// ~5% of a one-passage call. Touching them at load puts the memory in the process's RSS
 /// from the start instead of at the first batch of some size (a long run's RSS stays flat
-/// after load). Until 0.9.0 a larger batch allocated a set of its own per call (32
-/// passages: ~110 MB); such a call right after another library's large one took up to
-/// ~1.3x its time, its helper thread off the CPU, neither running nor waiting to run, for
-/// ~300 ms of it (schedstat): blocked in the kernel, most likely faulting in the fresh
-/// pages (this host compacts memory for huge pages on a fault). Groups give
-/// the same numbers bit for bit (every row's products, a sequence's attention and its
-/// pooling are its own) and a batch's memory no longer grows with its size. A second
-/// caller at the same moment allocates a set of its own for its call.
+/// after load). A larger batch is not given a set of its own per call (32 passages: ~110
+/// MB): such a call right after another library's large one took up to ~1.3x its time,
+/// its helper thread off the CPU, neither running nor waiting to run, for ~300 ms of it
+/// (schedstat): blocked in the kernel, most likely faulting in the fresh pages (this host
+/// compacts memory for huge pages on a fault). Groups give the same numbers bit for bit
+/// (every row's products, a sequence's attention and its pooling are its own), and a
+/// batch's memory does not grow with its size. A second caller at the same moment
+/// allocates a set of its own for its call.
 const KEPT_TOKENS: usize = 2048;
 
 impl Buffers {

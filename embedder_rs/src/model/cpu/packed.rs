@@ -19,16 +19,16 @@ pub const NR: usize = 32;
 /// Rows per register tile.
 pub const MR: usize = 8;
 /// Below this many multiply-adds (~15 us on one AVX-512 core, ~25 us on an AVX2 one) a
-/// product runs on the calling thread alone. Through 0.7.0 this was 16M, so a short text
-/// (~14 tokens: 2-8M a product) never left the calling thread: on an AVX2-only CPU that
-/// one thread took ~2x ONNX Runtime's time on two (issue 27: 2.18 back to back, 1.85 after
-/// a pause). Since 0.7.0 the call's helpers spin between ops (`team`), so a split costs a
-/// claim from a counter, not a wake-up; from 0.8.0 a short text's products are shared.
+/// product runs on the calling thread alone; above it the call's helpers share it. They
+/// spin between ops (`team`), so a split costs a claim from a counter, not a wake-up, and
+/// even a short text's products (~14 tokens: 2-8M each) are worth splitting: left on one
+/// thread (a 16M threshold), on an AVX2-only CPU a short text took ~2x ONNX Runtime's time
+/// on two (issue 27: 2.18 back to back, 1.85 after a pause).
 pub const SERIAL_FMAS: usize = 1 << 20;
 /// Rows a task covers at most: a panel is reused for this many rows while it is in cache.
-/// Through 0.9.0 every task had 64 rows, so one ~250-token passage read each weight panel
-/// from L3 four times (~170 MB a call); the linear layers of six layers at m = 250 on two
-/// threads ran at 230-245 GFLOP/s with 64 rows, 233-276 with 256, side by side.
+/// With 64-row tasks one ~250-token passage on two threads reads each weight panel from L3
+/// four times (~170 MB a call); the linear layers of six layers at m = 250 on two threads
+/// run at 230-245 GFLOP/s with 64 rows, 233-276 with 256, side by side.
 const MAX_TASK_ROWS: usize = 32 * MR;
 /// Rows a task covers at least, when many threads share a small product.
 const MIN_TASK_ROWS: usize = 8 * MR;
@@ -304,8 +304,8 @@ fn kernel() -> Kernel {
 /// Stores one row of a register block's sums (the bias already added) into `out`
 /// (`out.len() <= N`), applying the epilogue's activation. A whole row (`out.len() == N`,
 /// every row but a ragged panel's) takes a fixed-length path: the GELU loop vectorises
-/// and the copy is inlined. A run-time length made each row a libc memmove (~11% of a
-/// 32-passage call in 0.8.0, when every tile stored this way).
+/// and the copy is inlined. A run-time length makes each row a libc memmove (~11% of a
+/// 32-passage call when every tile stored its rows that way).
 #[inline(always)]
 fn store_block_row<const N: usize>(row: &[f32; N], out: &mut [f32], epilogue: Epilogue) {
     if let Ok(whole) = <&mut [f32; N]>::try_from(&mut *out) {
@@ -362,9 +362,9 @@ mod portable {
 /// accumulators, two panel vectors, one broadcast: the shape BLIS and MLAS use on these
 /// CPUs), so a panel runs as its two 16-column halves, each over all of the call's rows in
 /// blocks of 6. Each half stays in L1 across the rows (k = 384: 24 KB), and a half with
-/// no real column in it (a short sequence's keys) is skipped. Until 0.8.0 the tile ran
-/// 8 rows at a time as 6 + 2, and the 2-row block, 4 accumulators deep, waited on the
-/// FMA latency: ~3/4 of the 6-row block's rate over the whole product.
+/// no real column in it (a short sequence's keys) is skipped. Blocks of 6 over all the rows
+/// rather than 8-row tiles run as 6 + 2: a 2-row block, 4 accumulators deep, waits on the
+/// FMA latency (~3/4 of the 6-row block's rate over the whole product).
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;

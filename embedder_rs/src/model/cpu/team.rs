@@ -59,16 +59,16 @@ thread_local! {
 }
 
 /// The helpers' own pool: `threads - 1` workers, beside rayon's global pool of `threads`
-/// (whose size sets the team's). Through 0.9.0 helpers were jobs on the global pool, and
-/// with calls back to back a second worker woke for a helper job that the first, still
-/// idle from the last call, took: it spun beside the call. schedstat, 32 ~170-token
+/// (whose size sets the team's). Helpers are not jobs on the global pool: there, with calls
+/// back to back, a second worker wakes for a helper job that the first, still idle from the
+/// last call, takes, and spins beside the call. schedstat, 32 ~170-token
 /// passages back to back on 2 cores: a third thread ran 55-133 ms and waited ~500 ms
 /// runnable, and the block took ~10% longer than the same calls 50 ms apart. With a pool of
 /// exactly the helpers, the job always goes to the worker that ran the last one.
 static HELPERS: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
 
 /// The helpers' pool for a team of `threads` (`None` if it could not be built: then the
-/// global pool runs them, as before).
+/// global pool runs them).
 fn helpers(threads: usize) -> Option<&'static rayon::ThreadPool> {
     HELPERS
         .get_or_init(|| {
