@@ -88,8 +88,7 @@ class LocalHead:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)  # the group it leads, by its id
         self.process.wait()
-        with contextlib.suppress(OSError):
-            self.log.unlink()
+        self.log.unlink(missing_ok=True)
 
     def output(self) -> str:
         try:
@@ -164,6 +163,9 @@ def start_head(options: dict[str, Any]) -> LocalHead:
             head.stop()
             raise Unavailable(f"the local Ray head {why}: {said}")
         time.sleep(0.1)
+    # Only a failed start quotes it; unlinked now, nothing is left behind however this
+    # process ends (the head keeps writing to its open file; Ray's own logs are the record).
+    log.unlink(missing_ok=True)
     return head
 
 
