@@ -143,27 +143,28 @@ def measure(
         "g2": g2.passed,
         "hardware": case.hardware,
         "kernel": case.kernel,
-        "classes": [
-            {
-                "name": c.name,
-                "share": c.share,
-                "timed_batches": c.timed_batches,
-                "time_ratio": c.time_ratio,
-                "time_ratio_upper95": c.time_ratio_upper,
-                "aa_time_ratio": c.aa_time_ratio,
-                "cosine_min": c.cosine_min,
-                "judged": c.carried,
-                "g2": c.passed_g2,
-                "offered": c.batches,
-                "sampled": c.sampled,
-                "busy_sampled": c.busy_sampled,
-                "skipped_busy": c.skipped_busy,
-                "dropped": c.dropped,
-            }
-            for c in rel.classes
-        ],
+        "classes": [_class_numbers(c) for c in rel.classes],
         "gates": gate_lines(case)[:2],
         "recorded": recorded,
+    }
+
+
+def _class_numbers(c) -> dict:
+    return {
+        "name": c.name,
+        "share": c.share,
+        "timed_batches": c.timed_batches,
+        "time_ratio": c.time_ratio,
+        "time_ratio_upper95": c.time_ratio_upper,
+        "aa_time_ratio": c.aa_time_ratio,
+        "cosine_min": c.cosine_min,
+        "judged": c.carried,
+        "g2": c.passed_g2,
+        "offered": c.batches,
+        "sampled": c.sampled,
+        "busy_sampled": c.busy_sampled,
+        "skipped_busy": c.skipped_busy,
+        "dropped": c.dropped,
     }
 
 

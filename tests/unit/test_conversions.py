@@ -165,7 +165,8 @@ def test_shadow_case_round_trip_with_classes_and_watch():
     )
 
     cls = ClassEvidence("window", 7, 0.25, 70, 0.9999, 0.99999, 1.02, 1.04, 1.01, 0.99, 31, 1,
-                        2, True, False, True, sampled=4, skipped_busy=1, busy_sampled=2)  # fmt: skip
+                        2, True, False, True,
+                        sampled=4, skipped_busy=1, busy_sampled=2)  # fmt: skip
     rel = ReleaseEvidence(
         "rs@2", 9, 0.9999, 0.99991, 0.99999, 0.98, 40, 0.9, 0.95, 1.0, 33, 1, 2, True, False,
         canonical="onnx@1", hardware="cpu x86_64 avx2", phase="watch", seconds=12.5,
