@@ -254,15 +254,29 @@ def accounting_holds(r: dict, min_share: float) -> list[str]:
 
 
 def run() -> tuple[dict, str]:
-    """The `python -m bench --only service` section."""
+    """The `python -m bench --only service` section: a quiet and a loaded run."""
     try:
         import embedder_rs
 
         embedder_rs.__version__  # noqa: B018
     except (ImportError, AttributeError) as exc:
         return {"skipped": str(exc)}, f"Skipped: embedder_rs is not installed ({exc})."
-    r = measure()
-    return r, report(r)
+    r, text, _ = quiet_and_loaded(8, 120, 200)
+    return r, text
+
+
+def quiet_and_loaded(users: int, seconds: int, seed_items: int) -> tuple[dict, str, list[str]]:
+    """Both runs, their report, and what the loaded run's accounting breaks."""
+    from ragplane.server.shadow.config import load_pairs
+
+    min_share = load_pairs(ROOT / "koder.toml")["embeddings"].min_busy_share
+    quiet = measure(1, seconds, seed_items)
+    loaded = measure(users, seconds, seed_items)
+    bad = accounting_holds(loaded, min_share)
+    text = compare_report(quiet, loaded, min_share) + "".join(
+        f"\n- accounting: {line}" for line in bad
+    )
+    return {"quiet": quiet, "loaded": loaded, "accounting": bad}, text, bad
 
 
 def main() -> int:
@@ -310,19 +324,12 @@ def main() -> int:
 
 
 def _quiet_and_loaded(args: argparse.Namespace) -> int:
-    from ragplane.server.shadow.config import load_pairs
-
-    min_share = load_pairs(ROOT / "koder.toml")["embeddings"].min_busy_share
     users = args.users if args.users != 4 else 8
-    quiet = measure(1, args.run_time, args.seed_items)
-    loaded = measure(users, args.run_time, args.seed_items)
-    print("\n" + compare_report(quiet, loaded, min_share))
+    r, text, bad = quiet_and_loaded(users, args.run_time, args.seed_items)
+    print("\n" + text)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"quiet": quiet, "loaded": loaded}, indent=2))
-    bad = accounting_holds(loaded, min_share)
-    for line in bad:
-        print("accounting:", line)
-    return 1 if bad or quiet["load_exit"] or loaded["load_exit"] else 0
+        Path(args.json_out).write_text(json.dumps(r, indent=2))
+    return 1 if bad or r["quiet"]["load_exit"] or r["loaded"]["load_exit"] else 0
 
 
 if __name__ == "__main__":
