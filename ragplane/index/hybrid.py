@@ -60,22 +60,36 @@ def _where(filter: Filter | None) -> tuple[str, list[Any]]:
     return ("", []) if filter is None or filter.is_empty() else (where, args)
 
 
-def _ranked(ctx: Context, coll: Coll, text: str, limit: int, filter: Filter | None):
-    """The lexical ranking of `text`: (seq, item id, score), best first."""
+def _ranked(ctx: Context, coll: Coll, text: str, limit: int, filter: Filter | None,
+            match: str | None = None):
+    """The lexical ranking of `text`: (seq, item id, score), best first (`match`: its
+    `_match`, when the caller has it)."""
     where, args = _where(filter)
-    terms = query_terms(text)
-    if not terms:  # no word that could match: nothing ranks
-        return []
     conn = ctx.reader()
     try:
-        common = lexical.weightless(conn, coll.id, terms, coll.live_count)
-        match = match_expression(text, leave_out=common)
-        assert match is not None
+        match = match or _match(ctx, coll, text)
+        if match is None:  # no word that could match: nothing ranks
+            return []
         return lexical.ranked(conn, coll.id, match, limit, where, args)
     except sqlite3.OperationalError:
         if ctx.find(coll.tenant, coll.name) is not coll:  # its table went with it
             raise NotFound(f"collection {coll.name!r} was deleted") from None
         raise
+
+
+def _match(ctx: Context, coll: Coll, text: str) -> str | None:
+    """The FTS5 expression a search ranks by: the query's words, less those that half the
+    rows or more hold (`lexical.weightless`); None when no word can match."""
+    terms = query_terms(text)
+    if not terms:
+        return None
+    try:
+        common = lexical.weightless(ctx.reader(), coll.id, terms, coll.live_count)
+    except sqlite3.OperationalError:
+        if ctx.find(coll.tenant, coll.name) is not coll:  # its table went with it
+            raise NotFound(f"collection {coll.name!r} was deleted") from None
+        raise
+    return match_expression(text, leave_out=common)
 
 
 def search_lexical(
@@ -135,10 +149,12 @@ def _extras(
 def _fused_rows(
     ctx: Context, coll: Coll, text: str, q: np.ndarray, k: int, per_hit: int, fusion: Fusion,
     filter: Filter | None,
+    match: str | None,
 ) -> tuple[list, dict[int, Fused], bool]:
     """Both rankings of rows (chunks), fused per row, then grouped per item: the first `k`
     items with their best `per_hit` rows, each row's Fused, and whether the dense ranking
-    was exact. Rows are read deeper until `k` items come out or the rankings run dry."""
+    was exact. Rows are read deeper until `k` items come out or the rankings run dry.
+    `match`: the lexical ranking's expression (`_match`)."""
     grouped = coll.chunking.enabled or coll.split
     depths = chunks.depths(candidates(k), per_hit, coll.live_count) if grouped else [candidates(k)]
     groups: list = []
@@ -146,7 +162,7 @@ def _fused_rows(
     exhaustive = True
     for n in depths:
         dense, exhaustive = dense_search.ranked_rows(ctx, coll, q, n, filter)
-        lex = _ranked(ctx, coll, text, n, filter)
+        lex = _ranked(ctx, coll, text, n, filter, match) if match else []
         # keyed (item id, seq): rows are fused one by one, ties broken by item id as before
         fused = fuse([((i, s), d) for s, i, d in dense], [((i, s), x) for s, i, x in lex],
                      fusion, len(dense) + len(lex))
@@ -178,13 +194,16 @@ def search_hybrid(
     per_hit = chunks.check_chunks_per_hit(chunks_per_hit)
     check(fusion)
     q = query_vectors(vector, coll.dim, coll.metric, coll.name)[0]
-    groups, by_seq, exhaustive = _fused_rows(ctx, coll, text, q, k, per_hit, fusion, filter)
+    match = _match(ctx, coll, text)
+    groups, by_seq, exhaustive = _fused_rows(ctx, coll, text, q, k, per_hit, fusion, filter,
+                                             match)
     if not groups:
         return SearchResult(hits=(), returned_k=0, exhaustive=exhaustive)
     conn = ctx.reader()
     best = [g[0][0] for _, g in groups]
     dense_of = _dense_scores(conn, coll, q, [s for s in best if by_seq[s].dense is None])
-    match = match_expression(text)
+    # the ranking's own expression: the same scores, and no seek through the postings of
+    # words most rows hold (a seek reads every phrase's postings to the row)
     unscored = [s for s in best if by_seq[s].lexical is None]
     lexical_of = (
         lexical.scores_of_seqs(conn, coll.id, match, unscored) if match and unscored else {}
