@@ -150,19 +150,24 @@ def _fused_rows(
     ctx: Context, coll: Coll, text: str, q: np.ndarray, k: int, per_hit: int, fusion: Fusion,
     filter: Filter | None,
     match: str | None,
-) -> tuple[list, dict[int, Fused], bool]:
+) -> tuple[list, dict[int, Fused], bool, dict[int, float] | None]:
     """Both rankings of rows (chunks), fused per row, then grouped per item: the first `k`
-    items with their best `per_hit` rows, each row's Fused, and whether the dense ranking
-    was exact. Rows are read deeper until `k` items come out or the rankings run dry.
-    `match`: the lexical ranking's expression (`_match`)."""
+    items with their best `per_hit` rows, each row's Fused, whether the dense ranking was
+    exact, and (without a filter) every matching row's lexical score. Rows are read deeper
+    until `k` items come out or the rankings run dry. `match`: the lexical ranking's
+    expression (`_match`)."""
     grouped = coll.chunking.enabled or coll.split
     depths = chunks.depths(candidates(k), per_hit, coll.live_count) if grouped else [candidates(k)]
     groups: list = []
     by_seq: dict[int, Fused] = {}
     exhaustive = True
+    scores = _all_scores(ctx, coll, match) if match and not _where(filter)[0] else None
     for n in depths:
         dense, exhaustive = dense_search.ranked_rows(ctx, coll, q, n, filter)
-        lex = _ranked(ctx, coll, text, n, filter, match) if match else []
+        if scores is not None:  # every depth from one scoring
+            lex = lexical.top_rows(ctx.reader(), scores, n)
+        else:
+            lex = _ranked(ctx, coll, text, n, filter, match) if match else []
         # keyed (item id, seq): rows are fused one by one, ties broken by item id as before
         fused = fuse([((i, s), d) for s, i, d in dense], [((i, s), x) for s, i, x in lex],
                      fusion, len(dense) + len(lex))
@@ -170,7 +175,16 @@ def _fused_rows(
         groups = chunks.group([(f.id[1], f.id[0], f.score) for f in fused], k, per_hit)
         if len(groups) >= k or (len(dense) < n and len(lex) < n):
             break
-    return groups, by_seq, exhaustive
+    return groups, by_seq, exhaustive, scores
+
+
+def _all_scores(ctx: Context, coll: Coll, match: str) -> dict[int, float]:
+    try:
+        return lexical.all_scores(ctx.reader(), coll.id, match)
+    except sqlite3.OperationalError:
+        if ctx.find(coll.tenant, coll.name) is not coll:  # its table went with it
+            raise NotFound(f"collection {coll.name!r} was deleted") from None
+        raise
 
 
 def search_hybrid(
@@ -195,8 +209,8 @@ def search_hybrid(
     check(fusion)
     q = query_vectors(vector, coll.dim, coll.metric, coll.name)[0]
     match = _match(ctx, coll, text)
-    groups, by_seq, exhaustive = _fused_rows(ctx, coll, text, q, k, per_hit, fusion, filter,
-                                             match)
+    groups, by_seq, exhaustive, scores = _fused_rows(ctx, coll, text, q, k, per_hit, fusion,
+                                                     filter, match)
     if not groups:
         return SearchResult(hits=(), returned_k=0, exhaustive=exhaustive)
     conn = ctx.reader()
@@ -205,9 +219,12 @@ def search_hybrid(
     # the ranking's own expression: the same scores, and no seek through the postings of
     # words most rows hold (a seek reads every phrase's postings to the row)
     unscored = [s for s in best if by_seq[s].lexical is None]
-    lexical_of = (
-        lexical.scores_of_seqs(conn, coll.id, match, unscored) if match and unscored else {}
-    )
+    if scores is not None:
+        lexical_of = {s: scores[s] for s in unscored if s in scores}
+    else:
+        lexical_of = (
+            lexical.scores_of_seqs(conn, coll.id, match, unscored) if match and unscored else {}
+        )
     passages, extra = chunks.passages(conn, [g for _, g in groups], include_text,
                                       include_metadata, include_text)
     hits = []

@@ -17,6 +17,7 @@ Scores are FTS5's bm25() negated: higher is better, as for every other score.
 
 from __future__ import annotations
 
+import heapq
 import json
 import sqlite3
 from collections.abc import Iterable, Sequence
@@ -139,6 +140,29 @@ def ranked(
         f"WHERE {t} MATCH ? AND i.deleted = 0 AND ({where}) ORDER BY s DESC, i.item_id LIMIT ?",
         [match, *args, limit],
     ).fetchall()
+
+
+def all_scores(c: Conn, coll_id: int, match: str) -> dict[int, float]:
+    """seq -> score of every row matching `match`. FTS5 scores every matching row for any
+    ranking (with or without LIMIT), so keeping them all costs little more than the best n,
+    and answers later score lookups without a seek each."""
+    t = table(coll_id)
+    return dict(c.execute(f"SELECT rowid, -bm25({t}) FROM {t} WHERE {t} MATCH ?",
+                          (match,)).fetchall())
+
+
+def top_rows(c: Conn, scores: dict[int, float], limit: int) -> list[tuple[int, str, float]]:
+    """The best `limit` rows of `all_scores` as `ranked` returns them: (seq, item id,
+    score), best first, ties by item id."""
+    top = heapq.nlargest(limit, scores.items(), key=lambda r: r[1])
+    ids = dict(
+        c.execute(
+            "SELECT seq, item_id FROM items WHERE seq IN (SELECT value FROM json_each(?))",
+            (json.dumps([r[0] for r in top]),),
+        ).fetchall()
+    )
+    return sorted(((seq, ids[seq], s) for seq, s in top if seq in ids),
+                  key=lambda r: (-r[2], r[1]))
 
 
 def scores_of_seqs(c: Conn, coll_id: int, match: str, seqs: Sequence[int]) -> dict[int, float]:
