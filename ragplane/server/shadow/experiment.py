@@ -114,22 +114,25 @@ class Experiment(Generic[T]):
         except Exception:  # a broken run_if must not break the request
             log.exception("run_if of experiment %s failed", self.name)
             run = False
-        forced = False
+        stratum = None
         if not run:
-            forced = self._take_refused(inputs)
-            if not forced:
+            stratum = self._take_refused(inputs)
+            if stratum is None:
                 self._count(self._publisher.skipped, inputs)
                 return False
         try:
-            self._queue.put_nowait((inputs, control, forced))
-            return True
+            self._queue.put_nowait((inputs, control, stratum is not None))
         except queue.Full:
             self._drop(inputs)
             return False
+        if stratum is not None:  # the share counts samples queued, not attempts dropped
+            with self._count_lock:
+                self._forced[stratum] += 1
+        return True
 
-    def _take_refused(self, inputs: Any) -> bool:
-        """Whether a call run_if refused runs all the same: while fewer than min_share of
-        its stratum's refused calls ran, it does."""
+    def _take_refused(self, inputs: Any) -> str | None:
+        """The stratum of a call run_if refused when it runs all the same (while fewer
+        than min_share of its stratum's refused calls were queued), else None."""
         try:
             stratum = self._stratum(inputs)
         except Exception:
@@ -138,9 +141,8 @@ class Experiment(Generic[T]):
         with self._count_lock:
             self._refused[stratum] += 1
             if self._forced[stratum] < self.min_share * self._refused[stratum]:
-                self._forced[stratum] += 1
-                return True
-        return False
+                return stratum
+        return None
 
     def _count(self, what: Callable[[str, Any], None], inputs: Any) -> None:
         try:
