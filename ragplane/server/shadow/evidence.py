@@ -21,7 +21,7 @@ class (server.shadow.classes):
   * overlap@10 of the probe set (the latest measurement).
 Evidence is always shadow-vs-canonical as declared, whichever of the two is serving, and a
 release's record is permanent: no flip or unflip deletes it, so a watch that failed stays
-on the release's record (server.shadow.gates.barred) across restarts. The gates that read
+on the release's record (server.shadow.status.barred_releases) across restarts. The gates that read
 it live in server.shadow.gates. A data directory from before per-class evidence keeps its
 old `evidence` table, which nothing reads any more.
 """
@@ -215,10 +215,12 @@ class EvidenceStore:
     def _active(self, key: EvidenceKey) -> float:
         """Observed seconds to credit a sample of `key` recorded now: the gap since the
         previous sample of the same release and phase on this process, when at most
-        ACTIVE_GAP_S (the worker records one sample at a time: no lock needed)."""
+        ACTIVE_GAP_S. Under the lock: the worker records here, and so does a request
+        whose served batch was refused (`ShadowManager.serving_failed`)."""
         now = time.monotonic()
-        last = self._last_seen.get(key)
-        self._last_seen[key] = now
+        with self._pending_lock:
+            last = self._last_seen.get(key)
+            self._last_seen[key] = now
         return now - last if last is not None and now - last <= ACTIVE_GAP_S else 0.0
 
     def _sampled(self, execute: Execute, key: EvidenceKey, cls: str, busy: bool) -> None:
