@@ -49,10 +49,12 @@ protos-check: install tools ## fail if any generated code is stale
 	$(PY) scripts/gen_protos.py --check
 	VENV=$(VENV) bash clients/go/generate.sh --check
 
-lint: install ## ruff, the import-linter layer contracts and the size limits (generated code excluded)
+lint: install ## ruff, import-linter's layers, the size limits (generated code excluded), mypy (strict) on the store and its protocol's coverage
 	$(VENV)/bin/ruff check ragplane tests bench loadtest scripts clients/python
 	$(VENV)/bin/lint-imports
 	$(PY) scripts/check_sizes.py
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit/index/test_backend.py
 
 test: install tools protos-check lint ## install everything and run every test (Python, Rust, Go)
 	RUN_CLIENTS=1 VENV=$(VENV) bash scripts/run_tests.sh

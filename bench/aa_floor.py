@@ -1,77 +1,86 @@
-"""`python -m bench.aa_floor`: the A/A floor of G2's A/B/A timing, against the pause before
-each timed run.
+"""`python -m bench.aa_floor`: G2's two timing floors (A/A: the canonical after the shadow
+against before it; B/B: the shadow after the canonical against before it) on real text,
+with the service's embedders in this process and nothing else running, against what ran
+just before each timed batch.
 
-G2 times canonical, shadow, canonical on the same texts; a run whose A/A floor
-(canonical after / canonical before) lies outside `max_aa_ratio` proves nothing. In the
-service that floor sat at ~1.10 on 2 cores: the canonical ran slower right after the
-shadow. This measures, on real text with the service's embedders (ONNX Runtime and
-embedder_rs on the CPU), the floor and the two G2 estimates (server.shadow.timing) for
-each pause setting, interleaved round by round, so the `timing_pause_ms` default rests on a
-measurement. Nothing else should run on the machine meanwhile.
+G2 times canonical-shadow-canonical and shadow-canonical-shadow batches in turn
+(server.shadow.timing); its timings "prove nothing" when A/A lies above B/B by more than
+`max_aa_ratio`, the sign of the shadow slowing the canonical after it. In the service a
+sample is taken right after the canonical served the request, so the embedder that ran
+first in each timed batch did or did not have a warm start. This separates the two causes:
 
-    python -m bench.aa_floor [--pauses 0,2,10,50] [--batches 40] [--json out.json]
+  * ``cold``: each batch after a pause of `--pause-ms` (both embedders' threads asleep);
+  * ``after-canonical``: each batch right after the canonical embedded other texts, as the
+    service's sampler sees it before a flip;
+  * ``after-shadow``: the same after the shadow, as the watch sees it after a flip.
+
+If the shadow itself slowed the canonical, A/A would exceed B/B in every setting; if the
+warm start is the cause, the asymmetry follows what ran before. Modes are interleaved batch
+by batch, so drift hits each alike.
+
+    python -m bench.aa_floor [--batches 60] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import time
 from pathlib import Path
 
 from ragplane.server.shadow.hardware import cpu_extension
-from ragplane.server.shadow.timing import estimate
-from ragplane.testkit.texts import long_passages, sentences
+from ragplane.server.shadow.timing import estimate, run_interleaved
+from ragplane.testkit.texts import long_passages, sentences, topic_passages
+
+MODES = ("cold", "after-canonical", "after-shadow")
 
 
-def _aba(canonical, shadow, texts: list[str], pause: float) -> tuple[float, float, float]:
-    """The manager's A/B/A (server.shadow.manager `_aba`), each run after `pause` s."""
-    out = []
-    for e in (canonical, shadow, canonical):
-        time.sleep(pause)
-        t0 = time.perf_counter()
-        e.embed(texts, normalize=False)
-        out.append(time.perf_counter() - t0)
-    return out[0], out[1], out[2]
-
-
-def measure(pauses_ms: list[float], batches: int, batch: int = 8) -> dict:
+def measure(batches: int, pause_ms: float, batch: int = 8) -> dict:
     from ragplane.server.embedding.onnx import OnnxEmbedder
     from ragplane.server.embedding.rust import RustEmbedder
 
     canonical, shadow = OnnxEmbedder(device="cpu"), RustEmbedder(device="cpu")
     pools = {
         "short": [t for t in sentences() if len(t.split()) <= 15],
+        "medium": [t for t in topic_passages() if 40 <= len(t.split()) <= 90],
         "window": long_passages(min_words=200),
     }
     results: dict = {
         "cpu": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
         f"{cpu_extension()}",
-        "kernel": getattr(shadow, "kernel", ""),
         "canonical": canonical.identity,
         "shadow": shadow.identity,
+        "pause_ms": pause_ms,
         "rows": [],
     }
     for cls, pool in pools.items():
         for e in (canonical, shadow):  # warm-up
             e.embed(pool[:batch])
-        timings: dict[float, list] = {p: [] for p in pauses_ms}
-        for i in range(batches):  # pauses interleaved, so drift hits each alike
+        timings: dict[str, list] = {m: [] for m in MODES}
+        for i in range(batches):
             texts = pool[(i * batch) % (len(pool) - batch) :][:batch]
-            for p in pauses_ms:
-                timings[p].append(_aba(canonical, shadow, texts, p / 1000))
-        for p in pauses_ms:
-            t = estimate(timings[p])
+            before = pool[((i + 7) * batch) % (len(pool) - batch) :][:batch]
+            for mode in MODES:
+                if mode == "cold":
+                    time.sleep(pause_ms / 1000)
+                else:
+                    (canonical if mode == "after-canonical" else shadow).embed(before)
+                *_, t = run_interleaved(canonical, shadow, texts, i % 2 == 1, 0.0)
+                timings[mode].append(t)
+        for mode in MODES:
+            t = estimate(timings[mode])
             results["rows"].append(
                 {
                     "class": cls,
-                    "pause_ms": p,
+                    "mode": mode,
                     "aa": t.aa,
+                    "bb": t.bb,
                     "ratio": t.ratio,
                     "upper95": t.upper,
-                    "estimate": t.estimate,
+                    "asym_low": t.asym_low,
                     "batches": t.batches,
                 }
             )
@@ -80,28 +89,31 @@ def measure(pauses_ms: list[float], batches: int, batch: int = 8) -> dict:
 
 def report(r: dict) -> str:
     lines = [
-        f"{r['shadow']} (kernel {r['kernel'] or '?'}) vs {r['canonical']}, {r['cpu']}; "
-        "A/B/A on 8 texts per batch, pauses interleaved:",
+        f"{r['shadow']} vs {r['canonical']}, {r['cpu']}; 8 texts per batch, both orders "
+        f"alternating, modes interleaved (cold: {r['pause_ms']:g} ms pause first):",
         "",
-        "| class | pause before each run | A/A floor | G2 ratio | upper 95% | estimate | batches |",
-        "|---|---|---|---|---|---|---|",
+        "| class | before each batch | A/A | B/B | A/A / B/B | its lower 95% | G2 ratio | "
+        "upper 95% | batches |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for x in r["rows"]:
+        asym = x["aa"] / x["bb"] if x["aa"] > 0 and x["bb"] > 0 else 0.0
+        low = math.exp(x["asym_low"]) if math.isfinite(x["asym_low"]) else 0.0
         lines.append(
-            f"| {x['class']} | {x['pause_ms']:g} ms | {x['aa']:.3f} | {x['ratio']:.3f} | "
-            f"{x['upper95']:.3f} | {x['estimate']} | {x['batches']} |"
+            f"| {x['class']} | {x['mode']} | {x['aa']:.3f} | {x['bb']:.3f} | {asym:.3f} | "
+            f"{low:.3f} | {x['ratio']:.3f} | {x['upper95']:.3f} | {x['batches']} |"
         )
     return "\n".join(lines)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.aa_floor", description=__doc__)
-    p.add_argument("--pauses", default="0,2,10,50", help="ms before each timed run")
-    p.add_argument("--batches", type=int, default=40, help="timed batches per class and pause")
+    p.add_argument("--batches", type=int, default=60, help="timed batches per class and mode")
+    p.add_argument("--pause-ms", type=float, default=50.0, help="the cold mode's pause")
     p.add_argument("--json", default="", help="also write the numbers here")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    r = measure([float(x) for x in args.pauses.split(",")], args.batches)
+    r = measure(args.batches, args.pause_ms)
     print(report(r))
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2))

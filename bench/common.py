@@ -37,12 +37,23 @@ class Server:
     def channel(self) -> grpc.Channel:
         return self.sub.stubs.channel
 
-    def peak_rss_mb(self) -> float:
+    def _status_mb(self, field: str) -> float:
+        """A memory figure of the server's /proc/PID/status (kB there), in MiB."""
         assert self.sub.proc is not None
         for line in Path(f"/proc/{self.sub.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
         return float("nan")
+
+    def peak_rss_mb(self) -> float:
+        return self._status_mb("VmHWM")
+
+    def rss_mb(self) -> float:
+        return self._status_mb("VmRSS")
+
+    def disk_mb(self) -> float:
+        """MiB of the files under its data directory."""
+        return sum(p.stat().st_size for p in self.data_dir.rglob("*") if p.is_file()) / 2**20
 
     def stop(self) -> None:
         self.sub.terminate(timeout=120)

@@ -8,9 +8,9 @@ chunks as all-MiniLM-L6-v2's 256-token window makes of the same documents), and
 two collections taking turns (which goes first alternates), so load on the machine falls
 on both alike; the ratios are the result, the milliseconds depend on the machine.
 
-For lexical search it also counts the rows a query matches in each collection (FTS5 scores
-every one of them with bm25() before it keeps the best), which is where the chunked
-collection's time goes.
+For lexical search it also counts the rows a query matches in each collection: the search
+scores every one of them (from the collection's postings in memory, `ragplane.index.postings`)
+before it keeps the best, so this is the work the chunked collection adds.
 
     python -m bench.documents_latency [--docs N] [--queries Q] [--write]
 """
@@ -84,7 +84,7 @@ def collect(n_docs: int, n_queries: int) -> dict:
 
 
 def _matched_rows(data_dir: Path, queries: list[str]) -> dict[str, float]:
-    """p50 over the queries of the rows FTS5 scores for each (its words, the most common
+    """p50 over the queries of the rows a search scores for each (its words, the most common
     left out as the search leaves them out), per arm (the collections were created in
     ARMS' order: ids 1, 2)."""
     db = sqlite3.connect(f"file:{data_dir / 'ragplane.db'}?mode=ro", uri=True)
@@ -124,7 +124,7 @@ def report(r: dict, m: dict, load_end: tuple[float, ...]) -> str:
         f"(128-token chunks); chunking off: {oi} items, {oc} rows.",
         table(["mode", "chunked p50 ms", "chunking off p50 ms", "ratio", "goal", "met"],
               rows),
-        "Rows FTS5 scores for a query (p50; its words, those in half the rows or more left "
+        "Rows a query scores (p50; its words, those in half the rows or more left "
         "out as the search leaves them): chunked "
         f"{r['matched']['chunked']:,.0f} of {cc:,}, chunking off "
         f"{r['matched']['chunking off']:,.0f} of {oc}.",

@@ -29,7 +29,7 @@ def run(n: int = 1_000_000, batch: int = 2000) -> tuple[dict, str]:
             )
         info = stub.DescribeCollection(index_pb2.DescribeCollectionRequest(name="big"))
         peak = srv.peak_rss_mb()
-        db = sum(p.stat().st_size for p in srv.data_dir.rglob("*") if p.is_file()) / 2**20
+        db = srv.disk_mb()
     finally:
         srv.stop()
     raw = n * DIM * 4 / 2**20

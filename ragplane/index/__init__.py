@@ -12,7 +12,9 @@ from ragplane.index.types import (
     IndexType,
     Kind,
     Metric,
+    Quantization,
     Record,
+    SearchKnobs,
     SearchResult,
 )
 
@@ -27,7 +29,9 @@ __all__ = [
     "IndexType",
     "Kind",
     "Metric",
+    "Quantization",
     "Record",
     "RebuildProgress",
+    "SearchKnobs",
     "SearchResult",
 ]

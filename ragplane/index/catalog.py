@@ -26,8 +26,8 @@ def create(
     dim, metric, index_type, params = checked(tenant, name, dim, metric, index_type, params,
                                               embedder)
     # ivf_pq needs training data: serve exactly until a rebuild can train it
-    kind = IndexType.FLAT if index_type == IndexType.IVF_PQ else index_type
-    rparams = fx.resolve_params(kind, dim, params)
+    built_type = IndexType.FLAT if index_type == IndexType.IVF_PQ else index_type
+    rparams = fx.resolve_params(built_type, dim, params)
     now = time.time()
     with ctx.reg_lock:
         if ctx.find(tenant, name) is not None:
@@ -36,8 +36,8 @@ def create(
             )
         with ctx.tx() as c:
             coll_id = repo.insert_collection(
-                c, tenant, ctx.kind, name, dim, metric.value, params, index_type, kind, rparams,
-                embedder, now, bool(lexical_index), chunking_json(chunking),
+                c, tenant, ctx.kind, name, dim, metric.value, params, index_type, built_type,
+                rparams, embedder, now, bool(lexical_index), chunking_json(chunking),
             )
         coll = Coll(
             id=coll_id,
@@ -51,9 +51,9 @@ def create(
             generation=1,
             created_at=now,
             dir=ctx.idx_dir / str(coll_id),
-            kind=kind,
+            built_type=built_type,
             rparams=rparams,
-            index=fx.new_index(kind, dim, metric, rparams),
+            index=fx.new_index(built_type, dim, metric, rparams),
             purpose=ctx.kind,
             lexical=bool(lexical_index),
             chunking=chunking,
@@ -97,7 +97,7 @@ def info(coll: Coll) -> CollectionInfo:
         ntotal = coll.index.ntotal
         live = coll.live_count
         items = coll.item_count
-        params = coll.rparams if coll.kind == coll.index_type else coll.params
+        params = coll.rparams if coll.built_type == coll.index_type else coll.params
         return CollectionInfo(
             name=coll.name,
             tenant=coll.tenant,
@@ -116,10 +116,16 @@ def info(coll: Coll) -> CollectionInfo:
         )
 
 
-def set_embedder(ctx: Context, tenant: str, name: str, embedder: str) -> None:
-    """Record that the collection's vectors come from `embedder` (name@version)."""
+def check_embedder(embedder: object) -> str:
+    """A collection's embedder, as both stores check it: name@version, not empty."""
     if not isinstance(embedder, str) or not embedder:
         raise InvalidArgument("embedder must be a non-empty string (name@version)")
+    return embedder
+
+
+def set_embedder(ctx: Context, tenant: str, name: str, embedder: str) -> None:
+    """Record that the collection's vectors come from `embedder` (name@version)."""
+    embedder = check_embedder(embedder)
     coll = ctx.get(tenant, name)
     with coll.write_mutex:
         with ctx.tx() as c:

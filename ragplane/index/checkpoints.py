@@ -67,9 +67,9 @@ def load_active(ctx: Context, coll: Coll) -> None:
     """Load the active generation's index from its checkpoint and catch up from the
     store (or build it from the store), and the live-set bookkeeping."""
     conn = ctx.writer
-    kind, rparams = repo.generation_build(conn, coll.id, coll.generation)
-    coll.kind, coll.rparams = kind, rparams
-    coll.index = index_from_store(conn, coll, coll.generation, kind, rparams)
+    built_type, rparams = repo.generation_build(conn, coll.id, coll.generation)
+    coll.built_type, coll.rparams = built_type, rparams
+    coll.index = index_from_store(conn, coll, coll.generation, built_type, rparams)
     seqs, ids, tails, top = repo.live_ids(conn, coll.id)
     coll.live = fx.LiveBits(int(seqs.max()) + 1 if seqs.size else 1024)
     coll.live_count = 0
@@ -80,7 +80,8 @@ def load_active(ctx: Context, coll: Coll) -> None:
 
 
 def index_from_store(
-    conn: sqlite3.Connection, coll: Coll, generation: int, kind: IndexType, rparams: IndexParams
+    conn: sqlite3.Connection, coll: Coll, generation: int, built_type: IndexType,
+    rparams: IndexParams,
 ) -> Any:
     """The generation's FAISS index: its checkpoint caught up with newer rows, or (when no
     checkpoint matches) built again from the store."""
@@ -97,12 +98,12 @@ def index_from_store(
             )
             index, after = None, 0
     if index is None:
-        if kind == IndexType.IVF_PQ:  # no usable checkpoint: train again on the store
+        if fx.needs_training(built_type, rparams):  # no usable checkpoint: train again on the store
             _, vecs = repo.read_vectors(conn, coll.id, coll.dim, 0, None)
-            index = fx.new_index(kind, coll.dim, coll.metric, rparams, len(vecs))
+            index = fx.new_index(built_type, coll.dim, coll.metric, rparams, len(vecs))
             index.train(vecs)
         else:
-            index = fx.new_index(kind, coll.dim, coll.metric, rparams)
+            index = fx.new_index(built_type, coll.dim, coll.metric, rparams)
     for seqs, vecs in repo.iter_vectors(conn, coll.id, coll.dim, after, None):
         index.add_with_ids(vecs, seqs)
     return index

@@ -93,9 +93,8 @@ def passages(
 def scores(metric: Metric, X: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Dense scores of stored vectors X [n, dim] for the query q [dim], as FAISS reports
     them (higher is better; l2: -squared distance)."""
-    if metric == Metric.L2:
-        return -np.sum((X - q) ** 2, axis=1)
-    return X @ q
+    out: np.ndarray = -np.sum((X - q) ** 2, axis=1) if metric == Metric.L2 else X @ q
+    return out
 
 
 def best_chunks(

@@ -47,7 +47,7 @@ class Context:
     """Connections and collections of one open data directory. Thread-safe."""
 
     def __init__(
-        self, data_dir: str | os.PathLike, checkpoint_every: int, gpu: GpuCopies | None = None,
+        self, data_dir: str | os.PathLike[str], checkpoint_every: int, gpu: GpuCopies | None = None,
         durable: bool = True,
     ) -> None:
         self.dir = Path(data_dir)

@@ -48,6 +48,7 @@ from ragplane.index.types import (
     Kind,
     Metric,
     Record,
+    SearchKnobs,
     SearchResult,
 )
 from ragplane.index.validate import MAX_TOP_K
@@ -63,7 +64,7 @@ class Engine:
 
     def __init__(
         self,
-        data_dir: str | os.PathLike,
+        data_dir: str | os.PathLike[str],
         *,
         checkpoint_every: int = 50_000,
         use_gpu: bool = False,
@@ -195,7 +196,11 @@ class Engine:
     def stage_upsert(
         self, tenant: str, name: str, records: Sequence[Record]
     ) -> writes.StagedUpsert:
-        """`upsert` checked now, written by `with staged.written():` (see StagedUpsert)."""
+        """An upsert into the collection as this store has it now: its items checked by
+        `staged.check()`, written by `with staged.written():`, whose block runs with the
+        rows in the open transaction. For a cache that checks and writes while the store it
+        caches runs the same write, and commits only after that store did
+        (`ragplane.index.pg.upsert`)."""
         return writes.StagedUpsert(self._ctx, tenant, name, records)
 
     def delete(
@@ -259,10 +264,13 @@ class Engine:
         include_text: bool = False,
         include_metadata: bool = False,
         chunks_per_hit: int = 1,
+        knobs: SearchKnobs | None = None,
     ) -> list[SearchResult]:
         """Nearest live items to each row of `queries` ([n, dim] or [dim]), best first; an
         item split into chunks ranks by its best chunk and its hit carries its best
-        `chunks_per_hit` chunks (`Hit.chunks`, offsets into its text).
+        `chunks_per_hit` chunks (`Hit.chunks`, offsets into its text). `knobs`: this
+        search's parameters (ef_search, nprobe, exact, oversampling); None = the
+        collection's defaults; one that does not apply to its index is InvalidArgument.
 
         One FAISS call serves all rows. Scores are higher-is-better for every metric
         (l2: negative squared distance). With a filter, results fill `top_k` whenever that
@@ -270,7 +278,7 @@ class Engine:
         """
         return search.search(
             self._ctx, tenant, name, queries, top_k, filter, include_text, include_metadata,
-            chunks_per_hit,
+            chunks_per_hit, knobs=knobs,
         )
 
     def search_lexical(
@@ -366,7 +374,7 @@ class Engine:
     # ------------------------------------------------------------------ snapshot / restore
 
     def snapshot(
-        self, dest_dir: str | os.PathLike, also: Callable[[Path], int] | None = None
+        self, dest_dir: str | os.PathLike[str], also: Callable[[Path], int] | None = None
     ) -> int:
         """Write a consistent copy of the store and index checkpoints to `dest_dir` (which
         must be empty or absent), then what `also` writes there (returning its bytes).
@@ -375,7 +383,7 @@ class Engine:
         return snapshots.snapshot(self._ctx, dest_dir, also)
 
     @staticmethod
-    def restore(snapshot_dir: str | os.PathLike, data_dir: str | os.PathLike) -> None:
+    def restore(snapshot_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str]) -> None:
         """Replace `data_dir`'s contents with a snapshot. No Engine may have it open."""
         snapshots.restore(snapshot_dir, data_dir)
 

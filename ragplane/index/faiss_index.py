@@ -21,11 +21,12 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
 
-from ragplane.index.types import IndexParams, IndexType, Metric
+from ragplane.index.types import IndexParams, IndexType, Metric, Quantization
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +35,21 @@ DEFAULT_HNSW_EF_CONSTRUCTION = 128
 DEFAULT_HNSW_EF_SEARCH = 128
 # IVF-PQ needs enough points to train its coarse quantizer and 256-centroid codebooks.
 IVF_MIN_TRAIN = 2048
+# A quantizer learns each dimension's range from the collection's vectors; fewer than this
+# and the collection serves float vectors until a rebuild can train one.
+QUANT_MIN_TRAIN = 1000
+# Candidates per wanted hit that an index of lossy codes hands to the exact rescoring
+# (SearchParams.oversampling), and the most candidates one query may rescore.
+OVERSAMPLING_IVF_PQ = 4.0
+OVERSAMPLING_QUANTIZED = 3.0
+MAX_OVERSAMPLING = 100.0
+MAX_RESCORED = 10_000
 
 _CKPT_RE = re.compile(r"^g(\d+)-s(-?\d+)-([0-9a-f]{8})\.faiss$")
 
 
 def faiss_metric(metric: Metric) -> int:
-    return faiss.METRIC_L2 if metric == Metric.L2 else faiss.METRIC_INNER_PRODUCT
+    return int(faiss.METRIC_L2 if metric == Metric.L2 else faiss.METRIC_INNER_PRODUCT)
 
 
 def _default_pq_m(dim: int) -> int:
@@ -61,6 +71,7 @@ def resolve_params(index_type: IndexType, dim: int, params: IndexParams, n: int 
             hnsw_ef_construction=p.hnsw_ef_construction or DEFAULT_HNSW_EF_CONSTRUCTION,
             hnsw_ef_search=p.hnsw_ef_search or DEFAULT_HNSW_EF_SEARCH,
         )
+        p = _trainable_quantization(p, n)
     elif index_type == IndexType.IVF_PQ:
         nlist = p.ivf_nlist or max(1, min(int(math.sqrt(max(n, 1))), max(1, n // 39)))
         p = replace(
@@ -69,7 +80,35 @@ def resolve_params(index_type: IndexType, dim: int, params: IndexParams, n: int 
             ivf_nprobe=p.ivf_nprobe or max(1, min(nlist, max(8, nlist // 4))),
             pq_m=p.pq_m or _default_pq_m(dim),
         )
+    else:
+        p = _trainable_quantization(p, n)
     return p
+
+
+def _trainable_quantization(p: IndexParams, n: int) -> IndexParams:
+    if p.quantization != Quantization.NONE and n < QUANT_MIN_TRAIN:
+        return replace(p, quantization=Quantization.NONE)
+    return p
+
+
+def needs_training(index_type: IndexType, rparams: IndexParams) -> bool:
+    """Whether an index of `index_type` built with `rparams` learns from vectors before adding."""
+    return index_type == IndexType.IVF_PQ or rparams.quantization != Quantization.NONE
+
+
+def lossy(index_type: IndexType, rparams: IndexParams) -> bool:
+    """Whether the index holds lossy codes (scores are approximate, even for flat): its
+    candidates are rescored with the stored float vectors."""
+    return needs_training(index_type, rparams)
+
+
+def default_oversampling(index_type: IndexType) -> float:
+    return OVERSAMPLING_IVF_PQ if index_type == IndexType.IVF_PQ else OVERSAMPLING_QUANTIZED
+
+
+def rescore_depth(k: int, oversampling: float) -> int:
+    """How many candidates to rescore for `k` hits: k x oversampling, within MAX_RESCORED."""
+    return min(max(k, math.ceil(k * oversampling)), max(k, MAX_RESCORED))
 
 
 def validate_params(index_type: IndexType, dim: int, params: IndexParams) -> None:
@@ -91,6 +130,11 @@ def validate_params(index_type: IndexType, dim: int, params: IndexParams) -> Non
         raise ValueError("hnsw ef parameters must be at most 10000")
     if index_type == IndexType.IVF_PQ and params.pq_m and dim % params.pq_m:
         raise ValueError(f"pq_m {params.pq_m} must divide the dimension {dim}")
+    if params.quantization != Quantization.NONE and index_type == IndexType.IVF_PQ:
+        raise ValueError(
+            "quantization applies to flat and hnsw collections; ivf_pq already stores "
+            "product-quantized codes (choose pq_m instead)"
+        )
 
 
 def ivf_trainable(n: int, params: IndexParams) -> bool:
@@ -104,31 +148,38 @@ def pq_nbits(n: int) -> int:
 
 
 def new_index(
-    kind: IndexType, dim: int, metric: Metric, params: IndexParams, n: int = 0
+    index_type: IndexType, dim: int, metric: Metric, params: IndexParams, n: int = 0
 ) -> faiss.IndexIDMap2:
-    """An empty index of `kind` (resolved params); `n` is how many vectors it will train on.
-    IVF-PQ comes back untrained."""
+    """An empty index of `index_type` (resolved params); `n` is how many vectors it will train on.
+    IVF-PQ and quantized indexes come back untrained (`needs_training`)."""
     fm = faiss_metric(metric)
-    if kind == IndexType.FLAT:
-        return faiss.index_factory(dim, "IDMap2,Flat", fm)
-    if kind == IndexType.HNSW:
-        idx = faiss.index_factory(dim, f"IDMap2,HNSW{params.hnsw_m}", fm)
+    sq = "SQ8" if params.quantization == Quantization.INT8 else ""
+    if index_type == IndexType.FLAT:
+        return faiss.index_factory(dim, f"IDMap2,{sq or 'Flat'}", fm)
+    if index_type == IndexType.HNSW:
+        idx = faiss.index_factory(dim, f"IDMap2,HNSW{params.hnsw_m}{'_' + sq if sq else ''}", fm)
         faiss.downcast_index(idx.index).hnsw.efConstruction = params.hnsw_ef_construction
         return idx
-    if kind == IndexType.IVF_PQ:
+    if index_type == IndexType.IVF_PQ:
         # "np": no polysemous training, which costs ~20x the rest of training and only
         # helps Hamming-filtered search, which we do not use
         return faiss.index_factory(
             dim, f"IDMap2,IVF{params.ivf_nlist},PQ{params.pq_m}x{pq_nbits(n)}np", fm
         )
-    raise ValueError(f"unknown index kind {kind!r}")
+    raise ValueError(f"unknown index type {index_type!r}")
 
 
-def search_params(kind: IndexType, params: IndexParams, k: int, sel: faiss.IDSelector | None):
-    if kind == IndexType.HNSW:
-        return faiss.SearchParametersHNSW(sel=sel, efSearch=max(params.hnsw_ef_search, k))
-    if kind == IndexType.IVF_PQ:
-        return faiss.SearchParametersIVF(sel=sel, nprobe=params.ivf_nprobe)
+def search_params(
+    index_type: IndexType, params: IndexParams, k: int, sel: faiss.IDSelector | None,
+    ef_search: int | None = None, nprobe: int | None = None,
+) -> Any:
+    """FAISS's search parameters: the collection's (`params`, resolved) unless a request
+    overrides ef_search / nprobe (validated against the collection before)."""
+    if index_type == IndexType.HNSW:
+        ef = ef_search or params.hnsw_ef_search
+        return faiss.SearchParametersHNSW(sel=sel, efSearch=max(ef, k))
+    if index_type == IndexType.IVF_PQ:
+        return faiss.SearchParametersIVF(sel=sel, nprobe=nprobe or params.ivf_nprobe)
     if sel is None:
         return None
     return faiss.SearchParameters(sel=sel)
@@ -140,7 +191,10 @@ class BitmapSelector:
     __slots__ = ("bits", "sel")
 
     def __init__(self, mask: np.ndarray | None = None, *, bits: np.ndarray | None = None) -> None:
-        self.bits = np.packbits(mask, bitorder="little") if bits is None else bits
+        if bits is None:
+            assert mask is not None, "a selector needs a mask or its bits"
+            bits = np.packbits(mask, bitorder="little")
+        self.bits = bits
         self.sel = faiss.IDSelectorBitmap(int(self.bits.shape[0]) * 8, faiss.swig_ptr(self.bits))
 
 

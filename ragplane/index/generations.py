@@ -33,7 +33,7 @@ def rollback(ctx: Context, tenant: str, name: str) -> CollectionInfo:
             cur = coll.generation
             with ctx.tx() as c:
                 repo.roll_back(c, coll.id, cur, prev)
-            kind, rparams = repo.generation_build(conn, coll.id, gen)
+            built_type, rparams = repo.generation_build(conn, coll.id, gen)
             shadow = Coll(
                 id=coll.id,
                 tenant=coll.tenant,
@@ -47,9 +47,10 @@ def rollback(ctx: Context, tenant: str, name: str) -> CollectionInfo:
                 created_at=coll.created_at,
                 dir=coll.dir,
             )
-            index = index_from_store(conn, shadow, gen, kind, rparams)
+            index = index_from_store(conn, shadow, gen, built_type, rparams)
             with coll.rw.write():
-                coll.index, coll.kind, coll.rparams, coll.generation = index, kind, rparams, gen
+                coll.index, coll.built_type = index, built_type
+                coll.rparams, coll.generation = rparams, gen
                 coll.index_type, coll.params = shadow.index_type, shadow.params
                 coll.embedder, coll.dim = prev_emb, prev_dim
                 coll._live_sel = None
@@ -79,16 +80,17 @@ def _compact(ctx: Context, coll: Coll) -> int:
         with coll.rw.read():
             stale = coll.index.ntotal > coll.live_count
             template = (
-                faiss.clone_index(coll.index) if stale and coll.kind == IndexType.IVF_PQ else None
+                faiss.clone_index(coll.index)
+                if stale and fx.needs_training(coll.built_type, coll.rparams) else None
             )
-            kind, rparams, gen = coll.kind, coll.rparams, coll.generation
+            built_type, rparams, gen = coll.built_type, coll.rparams, coll.generation
     if not stale:
         return removed
     if template is not None:  # keep the trained quantizer and codebooks
         template.reset()
         index = template
     else:
-        index = fx.new_index(kind, coll.dim, coll.metric, rparams)
+        index = fx.new_index(built_type, coll.dim, coll.metric, rparams)
     for seqs, vecs in repo.iter_vectors(conn, coll.id, coll.dim, 0, snap):
         index.add_with_ids(vecs, seqs)
     with coll.write_mutex:

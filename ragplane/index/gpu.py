@@ -41,4 +41,5 @@ class GpuCopies:
                 gpu = faiss.index_cpu_to_gpu(self._res, 0, index)
                 cached = (index, index.ntotal, gpu)
                 self._copies[coll_id] = cached
-            return cached[2].search(q, k)
+            dist, ids = cached[2].search(q, k)
+            return dist, ids

@@ -1,11 +1,13 @@
-"""Lexical search (BM25 over the collection's FTS5 index) and hybrid search (the dense and
+"""Lexical search (BM25 over the collection's lexical index) and hybrid search (the dense and
 lexical rankings fused by `ragplane.index.fusion`).
 
-Both apply the metadata filter in SQL, inside the ranking, so a filter never leaves a
-ranking short while items that match it exist. Lexical results are exact: FTS5 scores every
-item that holds a query word, leaving out only words that half the collection holds, whose
-BM25 weight FTS5 floors at 1e-6 (`lexical.weightless`). A hybrid result is exhaustive when
-its dense ranking was.
+Lexical results are exact: every row that holds a query word is scored, leaving out only
+words that half the collection holds, whose BM25 weight FTS5 floors at 1e-6
+(`lexical.weightless`). The scores come from the collection's postings in memory
+(`ragplane.index.postings`, FTS5's bm25() to the last bit); while those are read, or for a
+collection too large for them, from FTS5 itself. A metadata filter applies inside the
+ranking, so it never leaves a ranking short while items that match it exist. A hybrid
+result is exhaustive when its dense ranking was.
 
 A hybrid search ranks `candidates(top_k)` items by each method, fuses the two lists and
 reports, for every hit, its dense score (computed exactly from the stored vector when only
@@ -17,19 +19,22 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from ragplane.core.errors import FailedPrecondition, NotFound
-from ragplane.index import chunks, lexical
+from ragplane.index import chunks, lexical, postings
 from ragplane.index import repository as repo
 from ragplane.index import search as dense_search
 from ragplane.index.context import Context
 from ragplane.index.filters import compile_filter
 from ragplane.index.fts_query import match_expression, query_terms
-from ragplane.index.fusion import Fused, check, fuse
+from ragplane.index.fusion import FusedRows, check, fuse_rows
+from ragplane.index.postings import Scores
+from ragplane.index.reads import matching
 from ragplane.index.state import Coll
 from ragplane.index.types import Filter, Fusion, Hit, SearchResult
 from ragplane.index.validate import MAX_TOP_K, check_top_k, query_vectors
@@ -60,21 +65,28 @@ def _where(filter: Filter | None) -> tuple[str, list[Any]]:
     return ("", []) if filter is None or filter.is_empty() else (where, args)
 
 
-def _ranked(ctx: Context, coll: Coll, text: str, limit: int, filter: Filter | None,
-            match: str | None = None):
-    """The lexical ranking of `text`: (seq, item id, score), best first (`match`: its
-    `_match`, when the caller has it)."""
-    where, args = _where(filter)
-    conn = ctx.reader()
+@contextmanager
+def _table_of(ctx: Context, coll: Coll) -> Iterator[None]:
+    """SQLite's error for the collection's lexical table, gone because the collection was
+    deleted while the search ran, as NotFound; any other as it is."""
     try:
-        match = match or _match(ctx, coll, text)
-        if match is None:  # no word that could match: nothing ranks
-            return []
-        return lexical.ranked(conn, coll.id, match, limit, where, args)
+        yield
     except sqlite3.OperationalError:
         if ctx.find(coll.tenant, coll.name) is not coll:  # its table went with it
             raise NotFound(f"collection {coll.name!r} was deleted") from None
         raise
+
+
+def _ranked(ctx: Context, coll: Coll, text: str, limit: int, filter: Filter | None,
+            match: str | None = None) -> list[chunks.Row]:
+    """The lexical ranking of `text`: (seq, item id, score), best first (`match`: its
+    `_match`, when the caller has it)."""
+    where, args = _where(filter)
+    match = match or _match(ctx, coll, text)
+    if match is None:  # no word that could match: nothing ranks
+        return []
+    with _table_of(ctx, coll):
+        return lexical.ranked(ctx.reader(), coll.id, match, limit, where, args)
 
 
 def _match(ctx: Context, coll: Coll, text: str) -> str | None:
@@ -83,13 +95,38 @@ def _match(ctx: Context, coll: Coll, text: str) -> str | None:
     terms = query_terms(text)
     if not terms:
         return None
-    try:
+    with _table_of(ctx, coll):
         common = lexical.weightless(ctx.reader(), coll.id, terms, coll.live_count)
-    except sqlite3.OperationalError:
-        if ctx.find(coll.tenant, coll.name) is not coll:  # its table went with it
-            raise NotFound(f"collection {coll.name!r} was deleted") from None
-        raise
     return match_expression(text, leave_out=common)
+
+
+def _scores(ctx: Context, coll: Coll, text: str, filter: Filter | None) -> Scores | None:
+    """Every matching row's BM25 score (only rows the filter matches, with one), from the
+    collection's postings in memory (`ragplane.index.postings`), or from one FTS5 scoring
+    while those are not ready and there is no filter; None when FTS5 must rank with the
+    filter (`_ranked`)."""
+    filtered = bool(_where(filter)[0])
+    held = postings.of(coll)
+    with _table_of(ctx, coll):
+        ready = held.ready(ctx, coll)
+        terms = query_terms(text)
+        if ready and terms:
+            phrases = postings.TOKENS.of(ctx.reader(), coll.id, terms)
+            ready = all(phrases)  # a word the tokenizer drops entirely: FTS5 decides
+        if ready:
+            scores = postings.EMPTY
+            if terms:
+                segments, view = held.view(coll)
+                scores = postings.score(segments, view, terms, phrases)
+            if coll.dropped:
+                raise NotFound(f"collection {coll.name!r} was deleted")
+            if filter is not None and filtered:
+                return scores.restrict(matching(ctx, coll, filter))
+            return scores
+    if filtered:
+        return None
+    match = _match(ctx, coll, text)
+    return _all_scores(ctx, coll, match) if match else postings.EMPTY
 
 
 def search_lexical(
@@ -109,8 +146,11 @@ def search_lexical(
     coll = _lexical_coll(ctx, tenant, name)
     k = check_top_k(top_k)
     per_hit = chunks.check_chunks_per_hit(chunks_per_hit)
+    scores = _scores(ctx, coll, text, filter)
+    id_of = coll.seq_to_id.get
     if not (coll.chunking.enabled or coll.split):
-        rows = _ranked(ctx, coll, text, k, filter)
+        rows = scores.top(id_of, k) if scores is not None else _ranked(ctx, coll, text, k,
+                                                                       filter)
         extra = _extras(ctx, [r[0] for r in rows], include_text, include_metadata)
         hits = [
             Hit(id=item_id, score=s, text=extra.get(seq, ("", {}))[0],
@@ -118,9 +158,13 @@ def search_lexical(
             for seq, item_id, s in rows
         ]
         return SearchResult(hits=hits, returned_k=len(hits), exhaustive=True)
-    groups: list = []
+    groups: list[chunks.Group] = []
+    match = None if scores is not None else _match(ctx, coll, text)
     for depth in chunks.depths(k, per_hit, coll.live_count):
-        rows = _ranked(ctx, coll, text, depth, filter)
+        if scores is not None:  # every depth from one scoring
+            rows = scores.top(id_of, depth)
+        else:
+            rows = _ranked(ctx, coll, text, depth, filter, match)
         groups = chunks.group(rows, k, per_hit)
         if len(groups) >= k or len(rows) < depth:
             break
@@ -149,42 +193,36 @@ def _extras(
 def _fused_rows(
     ctx: Context, coll: Coll, text: str, q: np.ndarray, k: int, per_hit: int, fusion: Fusion,
     filter: Filter | None,
-    match: str | None,
-) -> tuple[list, dict[int, Fused], bool, dict[int, float] | None]:
+    scores: Scores | None,
+) -> tuple[list[chunks.Group], FusedRows, bool]:
     """Both rankings of rows (chunks), fused per row, then grouped per item: the first `k`
-    items with their best `per_hit` rows, each row's Fused, whether the dense ranking was
-    exact, and (without a filter) every matching row's lexical score. Rows are read deeper
-    until `k` items come out or the rankings run dry. `match`: the lexical ranking's
-    expression (`_match`)."""
+    items with their best `per_hit` rows, every row's Fused, and whether the dense ranking
+    was exact. Rows are read deeper until `k` items come out or the rankings run dry.
+    `scores`: every matching row's lexical score (`_scores`), or None for FTS5 to rank
+    with the filter."""
     grouped = coll.chunking.enabled or coll.split
     depths = chunks.depths(candidates(k), per_hit, coll.live_count) if grouped else [candidates(k)]
-    groups: list = []
-    by_seq: dict[int, Fused] = {}
+    groups: list[chunks.Group] = []
+    fused = fuse_rows([], [], fusion)
     exhaustive = True
-    scores = _all_scores(ctx, coll, match) if match and not _where(filter)[0] else None
+    match = None if scores is not None else _match(ctx, coll, text)
     for n in depths:
         dense, exhaustive = dense_search.ranked_rows(ctx, coll, q, n, filter)
         if scores is not None:  # every depth from one scoring
-            lex = lexical.top_rows(ctx.reader(), scores, n)
+            lex = scores.top(coll.seq_to_id.get, n)
         else:
             lex = _ranked(ctx, coll, text, n, filter, match) if match else []
-        # keyed (item id, seq): rows are fused one by one, ties broken by item id as before
-        fused = fuse([((i, s), d) for s, i, d in dense], [((i, s), x) for s, i, x in lex],
-                     fusion, len(dense) + len(lex))
-        by_seq = {f.id[1]: f for f in fused}
-        groups = chunks.group([(f.id[1], f.id[0], f.score) for f in fused], k, per_hit)
+        # keyed (item id, seq): rows are fused one by one, ties broken by item id
+        fused = fuse_rows(dense, lex, fusion)
+        groups = chunks.group(fused.rows(), k, per_hit)
         if len(groups) >= k or (len(dense) < n and len(lex) < n):
             break
-    return groups, by_seq, exhaustive, scores
+    return groups, fused, exhaustive
 
 
-def _all_scores(ctx: Context, coll: Coll, match: str) -> dict[int, float]:
-    try:
-        return lexical.all_scores(ctx.reader(), coll.id, match)
-    except sqlite3.OperationalError:
-        if ctx.find(coll.tenant, coll.name) is not coll:  # its table went with it
-            raise NotFound(f"collection {coll.name!r} was deleted") from None
-        raise
+def _all_scores(ctx: Context, coll: Coll, match: str) -> Scores:
+    with _table_of(ctx, coll):
+        return Scores.of_dict(lexical.all_scores(ctx.reader(), coll.id, match))
 
 
 def search_hybrid(
@@ -208,28 +246,28 @@ def search_hybrid(
     per_hit = chunks.check_chunks_per_hit(chunks_per_hit)
     check(fusion)
     q = query_vectors(vector, coll.dim, coll.metric, coll.name)[0]
-    match = _match(ctx, coll, text)
-    groups, by_seq, exhaustive, scores = _fused_rows(ctx, coll, text, q, k, per_hit, fusion,
-                                                     filter, match)
+    scores = _scores(ctx, coll, text, filter)
+    groups, fused, exhaustive = _fused_rows(ctx, coll, text, q, k, per_hit, fusion, filter,
+                                             scores)
     if not groups:
         return SearchResult(hits=(), returned_k=0, exhaustive=exhaustive)
     conn = ctx.reader()
     best = [g[0][0] for _, g in groups]
-    dense_of = _dense_scores(conn, coll, q, [s for s in best if by_seq[s].dense is None])
+    best_fused = {s: fused.get(s) for s in best}
+    dense_of = _dense_scores(conn, coll, q, [s for s in best if best_fused[s].dense is None])
     # the ranking's own expression: the same scores, and no seek through the postings of
     # words most rows hold (a seek reads every phrase's postings to the row)
-    unscored = [s for s in best if by_seq[s].lexical is None]
+    unscored = [s for s in best if best_fused[s].lexical is None]
     if scores is not None:
-        lexical_of = {s: scores[s] for s in unscored if s in scores}
+        lexical_of = scores.of(unscored)
     else:
-        lexical_of = (
-            lexical.scores_of_seqs(conn, coll.id, match, unscored) if match and unscored else {}
-        )
+        match = _match(ctx, coll, text) if unscored else None
+        lexical_of = lexical.scores_of_seqs(conn, coll.id, match, unscored) if match else {}
     passages, extra = chunks.passages(conn, [g for _, g in groups], include_text,
                                       include_metadata, include_text)
     hits = []
     for (item_id, g), ch in zip(groups, passages, strict=True):
-        seq, f = g[0][0], by_seq[g[0][0]]
+        seq, f = g[0][0], best_fused[g[0][0]]
         if seq not in extra:  # deleted since it was ranked
             continue
         text_, md = extra[seq]

@@ -17,7 +17,6 @@ Scores are FTS5's bm25() negated: higher is better, as for every other score.
 
 from __future__ import annotations
 
-import heapq
 import json
 import sqlite3
 from collections.abc import Iterable, Sequence
@@ -63,11 +62,31 @@ def remove(c: Conn, coll_id: int, rows: Iterable[tuple[int, str]]) -> None:
     c.executemany(f"INSERT INTO {t} ({t}, rowid, text) VALUES ('delete', ?, ?)", rows)
 
 
-def _temp_tables(c: Conn, coll_id: int) -> None:
+def size(c: Conn, coll_id: int) -> tuple[int, int]:
+    """(rows, token instances) in the collection's index: FTS5's own totals, the varints of
+    the 'averages' record (id 1) of its data table, which bm25() reads for its average
+    row length. (0, 0) for an index never written to."""
+    row = c.execute(f"SELECT block FROM {table(coll_id)}_data WHERE id = 1").fetchone()
+    values, v, n = [], 0, 0
+    for byte in row[0] if row else b"":  # SQLite varints: 7 bits a byte, high bit = more
+        n += 1
+        if n == 9:  # the ninth byte carries 8 bits
+            values.append((v << 8) | byte)
+            v, n = 0, 0
+            continue
+        v = (v << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            values.append(v)
+            v, n = 0, 0
+    return (values[0], values[1]) if len(values) >= 2 else (0, 0)
+
+
+def temp_tables(c: Conn, coll_id: int) -> None:
     """This connection's helpers: a scratch FTS5 table with the collection's tokenizer (to
-    tokenise query words exactly as the index does) and a view of the collection's
-    document frequencies. In the connection's temp schema, kept in memory: nothing is
-    written to the store or the disk (a search works on a full or read-only disk)."""
+    tokenise query words exactly as the index does), and views of the collection's
+    document frequencies and of its token instances (`ragplane.index.postings`). In the
+    connection's temp schema, kept in memory: nothing is written to the store or the disk
+    (a search works on a full or read-only disk)."""
     if c.execute("PRAGMA temp_store").fetchone()[0] != 2:
         c.execute("PRAGMA temp_store = MEMORY")  # drops temp tables: only before the first
     c.execute(
@@ -82,6 +101,24 @@ def _temp_tables(c: Conn, coll_id: int) -> None:
         f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{table(coll_id)}_df "
         f"USING fts5vocab(main, {table(coll_id)}, 'row')"
     )
+    c.execute(
+        f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{table(coll_id)}_inst "
+        f"USING fts5vocab(main, {table(coll_id)}, 'instance')"
+    )
+
+
+def tokens(c: Conn, coll_id: int, words: Sequence[str]) -> list[tuple[str, ...]]:
+    """Each of `words` as the collection's tokenizer splits it, in order (a scratch FTS5
+    table of `temp_tables`, emptied again)."""
+    temp_tables(c, coll_id)
+    c.executemany("INSERT INTO temp.lex_tok (rowid, text) VALUES (?, ?)", enumerate(words))
+    try:
+        found: dict[int, list[tuple[int, str]]] = {}
+        for doc, term, off in c.execute("SELECT doc, term, offset FROM temp.lex_tokens"):
+            found.setdefault(doc, []).append((off, term))
+    finally:
+        c.execute("INSERT INTO temp.lex_tok (lex_tok) VALUES ('delete-all')")
+    return [tuple(t for _, t in sorted(found.get(i, []))) for i in range(len(words))]
 
 
 def weightless(c: Conn, coll_id: int, terms: Sequence[str], n_docs: int) -> set[str]:
@@ -93,15 +130,7 @@ def weightless(c: Conn, coll_id: int, terms: Sequence[str], n_docs: int) -> set[
     Leaving these words out keeps the ranking and skips that work."""
     if not terms or n_docs <= 0:
         return set()
-    _temp_tables(c, coll_id)
-    c.executemany("INSERT INTO temp.lex_tok (rowid, text) VALUES (?, ?)", enumerate(terms))
-    try:
-        tokens: dict[int, set[str]] = {}
-        for doc, term in c.execute("SELECT doc, term FROM temp.lex_tokens").fetchall():
-            tokens.setdefault(doc, set()).add(term)
-    finally:
-        c.execute("INSERT INTO temp.lex_tok (lex_tok) VALUES ('delete-all')")
-    single = {i: next(iter(t)) for i, t in tokens.items() if len(t) == 1}
+    single = {i: t[0] for i, t in enumerate(tokens(c, coll_id, terms)) if len(set(t)) == 1}
     if not single:
         return set()
     df = dict(
@@ -149,20 +178,6 @@ def all_scores(c: Conn, coll_id: int, match: str) -> dict[int, float]:
     t = table(coll_id)
     return dict(c.execute(f"SELECT rowid, -bm25({t}) FROM {t} WHERE {t} MATCH ?",
                           (match,)).fetchall())
-
-
-def top_rows(c: Conn, scores: dict[int, float], limit: int) -> list[tuple[int, str, float]]:
-    """The best `limit` rows of `all_scores` as `ranked` returns them: (seq, item id,
-    score), best first, ties by item id."""
-    top = heapq.nlargest(limit, scores.items(), key=lambda r: r[1])
-    ids = dict(
-        c.execute(
-            "SELECT seq, item_id FROM items WHERE seq IN (SELECT value FROM json_each(?))",
-            (json.dumps([r[0] for r in top]),),
-        ).fetchall()
-    )
-    return sorted(((seq, ids[seq], s) for seq, s in top if seq in ids),
-                  key=lambda r: (-r[2], r[1]))
 
 
 def scores_of_seqs(c: Conn, coll_id: int, match: str, seqs: Sequence[int]) -> dict[int, float]:

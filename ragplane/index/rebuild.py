@@ -23,7 +23,8 @@ from ragplane.index.catalog import info
 from ragplane.index.checkpoints import checkpoint, remove_generation_files
 from ragplane.index.context import Context
 from ragplane.index.progress import ProgressEmitter, RebuildProgress
-from ragplane.index.recall import recall_at_k
+from ragplane.index.recall import RECALL_K, SearchFn, held_out, recall_at_k
+from ragplane.index.rescore import rescore
 from ragplane.index.state import Coll
 from ragplane.index.types import CollectionInfo, IndexParams, IndexType, Metric
 from ragplane.index.validate import check_min_recall, check_params, embedded_vectors, to_enum
@@ -66,11 +67,12 @@ class Built:
     gen: int
     snap: int  # every row up to this seq is in `index`
     index: Any
-    kind: IndexType
+    built_type: IndexType
     rparams: IndexParams
     dim: int
     seqs: np.ndarray  # what was indexed, for the recall check
     vecs: np.ndarray
+    held: np.ndarray  # mask of rows kept out of `index` until its recall is checked
 
     @property
     def n(self) -> int:
@@ -177,7 +179,9 @@ def _reembed_all(
                 pending.append(seqs[lo : lo + REEMBED_BATCH])
                 yield texts[lo : lo + REEMBED_BATCH]
 
-    seq_parts, vec_parts, done = [], [], 0
+    seq_parts: list[np.ndarray] = []
+    vec_parts: list[np.ndarray] = []
+    done = 0
     for out in _embedded(reembed, batches()):
         if not pending:
             raise FailedPrecondition("re-embedding returned more batches than it was given")
@@ -209,32 +213,34 @@ def _build(
         seqs, vecs = repo.read_vectors(ctx.reader(), coll.id, coll.dim, 0, snap)
     dim = vecs.shape[1]
     n = int(seqs.size)
-    kind, rparams, note = plan_kind(plan.target, dim, plan.params, n)
-    index = fx.new_index(kind, dim, coll.metric, rparams, n)
+    built_type, rparams, note = plan_built_type(plan.target, dim, plan.params, n)
+    index = fx.new_index(built_type, dim, coll.metric, rparams, n)
     prog.start("indexing", n)
-    if kind == IndexType.IVF_PQ:
-        index.train(vecs)
-    for lo in range(0, n, ADD_BATCH):
-        index.add_with_ids(vecs[lo : lo + ADD_BATCH], seqs[lo : lo + ADD_BATCH])
+    held = held_out(n)  # unseen by the index, training included, until it is checked
+    keep_seqs, keep_vecs = seqs[~held], vecs[~held]
+    if fx.needs_training(built_type, rparams):
+        index.train(keep_vecs)
+    for lo in range(0, keep_seqs.size, ADD_BATCH):
+        index.add_with_ids(keep_vecs[lo : lo + ADD_BATCH], keep_seqs[lo : lo + ADD_BATCH])
         prog.emit(min(n, lo + ADD_BATCH), note)
-    return Built(gen, snap, index, kind, rparams, dim, seqs, vecs)
+    return Built(gen, snap, index, built_type, rparams, dim, seqs, vecs, held)
 
 
 def _check_recall(
     coll: Coll, plan: Plan, built: Built, old_gen: int, prog: ProgressEmitter
 ) -> None:
-    """Refuse the new generation (FailedPrecondition) when its recall@10 is too low."""
-    seqs, vecs, n = built.seqs, built.vecs, built.n
+    """Refuse the new generation (FailedPrecondition) when its recall@10 is too low, measured
+    with the held-out rows as queries; then add them to the index."""
+    held, n = built.held, built.n
     prog.start("checking", n)
     recall = recall_at_k(
-        built.index,
-        vecs,
-        seqs,
-        fx.faiss_metric(coll.metric),
-        fx.search_params(built.kind, built.rparams, 10, None),
+        _served(built, coll.metric), built.vecs[held], built.vecs[~held], built.seqs[~held],
+        coll.metric, k=RECALL_K,
     )
+    built.index.add_with_ids(built.vecs[held], built.seqs[held])
     prog.recall = recall
-    prog.emit(n, f"recall@10 {recall:.4f} against exact search")
+    prog.emit(n, f"recall@10 {recall:.4f} against exact search, {int(held.sum())} held-out "
+                 "queries")
     if recall < plan.min_recall:
         msg = (
             f"new generation {built.gen} of {coll.name!r} reached recall@10 {recall:.4f}, below "
@@ -245,7 +251,28 @@ def _check_recall(
         raise FailedPrecondition(msg)
 
 
-def plan_kind(
+def _served(built: Built, metric: Metric) -> SearchFn:
+    """The search a query of the new generation gets by default, as `search._run` serves it
+    (rescoring included), with the vectors of the build in memory for the rescoring."""
+    seqs, vecs = built.seqs[~built.held], built.vecs[~built.held]
+
+    def vectors_of(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return s, vecs[np.searchsorted(seqs, s)]
+
+    def run(q: np.ndarray, k: int) -> np.ndarray:
+        depth = k
+        if fx.lossy(built.built_type, built.rparams):
+            depth = fx.rescore_depth(k, fx.default_oversampling(built.built_type))
+        params = fx.search_params(built.built_type, built.rparams, depth, None)
+        found: np.ndarray = built.index.search(q, depth, params=params)[1]
+        if depth == k:
+            return found
+        return rescore(q, found, vectors_of, k, metric)[1]
+
+    return run
+
+
+def plan_built_type(
     target: IndexType, dim: int, params: IndexParams, n: int
 ) -> tuple[IndexType, IndexParams, str]:
     """What to build for `n` items: ivf_pq falls back to flat until it can be trained."""
@@ -259,7 +286,14 @@ def plan_kind(
             )
             return IndexType.FLAT, fx.resolve_params(IndexType.FLAT, dim, params), note
         return target, rp, ""
-    return target, fx.resolve_params(target, dim, params), ""
+    rp = fx.resolve_params(target, dim, params, n)
+    if rp.quantization != params.quantization:
+        note = (
+            f"{n} items are too few to train {params.quantization.value} quantization "
+            f"(at least {fx.QUANT_MIN_TRAIN}); serving float vectors until a later rebuild"
+        )
+        return target, rp, note
+    return target, rp, ""
 
 
 def _abandon(ctx: Context, coll: Coll, gen: int) -> None:
@@ -296,12 +330,12 @@ def _swap(ctx: Context, coll: Coll, plan: Plan, built: Built) -> tuple[Any, int]
         _catch_up(ctx, coll, plan, built)
         with ctx.tx() as c:
             retired = repo.activate_generation(
-                c, coll.id, coll.generation, built.gen, built.kind, built.rparams, plan.target,
-                plan.params, plan.embedder, built.dim, plan.reembed is not None,
+                c, coll.id, coll.generation, built.gen, built.built_type, built.rparams,
+                plan.target, plan.params, plan.embedder, built.dim, plan.reembed is not None,
             )
         with coll.rw.write():
             old = (coll.index, coll.indexed_seq)
-            coll.index, coll.kind, coll.rparams = built.index, built.kind, built.rparams
+            coll.index, coll.built_type, coll.rparams = built.index, built.built_type, built.rparams
             coll.generation, coll.index_type, coll.params = built.gen, plan.target, plan.params
             coll.embedder, coll.dim = plan.embedder, built.dim
             coll._live_sel = None

@@ -40,7 +40,7 @@ def fail_unfinished_builds(c: Conn) -> None:
     c.execute("DELETE FROM staged_vectors")
 
 
-def collection_rows(c: Conn) -> list[tuple]:
+def collection_rows(c: Conn) -> list[tuple[Any, ...]]:
     return c.execute(
         "SELECT id, tenant, name, dim, metric, index_type, embedder, params, generation, "
         "created_at, kind, lexical, chunking FROM collections"
@@ -49,7 +49,7 @@ def collection_rows(c: Conn) -> list[tuple]:
 
 def insert_collection(
     c: Conn, tenant: str, purpose: str, name: str, dim: int, metric: str, requested: IndexParams,
-    index_type: IndexType, kind: IndexType, resolved: IndexParams, embedder: str, now: float,
+    index_type: IndexType, built_type: IndexType, resolved: IndexParams, embedder: str, now: float,
     with_lexical: bool, chunking: str,
 ) -> int:
     coll_id = c.execute(
@@ -58,18 +58,19 @@ def insert_collection(
         (tenant, purpose, name, dim, metric, index_type.value, embedder, params_json(requested),
          now, int(with_lexical), chunking),
     ).lastrowid
+    assert coll_id is not None  # an INSERT's row
     if with_lexical:
-        lexical.create(c, int(coll_id))
+        lexical.create(c, coll_id)
     c.execute(
         "INSERT INTO generations (coll_id, generation, index_type, built_kind, params, "
         "requested, embedder, dim, state, created_at) "
         "VALUES (?, 1, ?, ?, ?, ?, ?, ?, 'active', ?)",
         (
-            coll_id, index_type.value, kind.value, params_json(resolved),
+            coll_id, index_type.value, built_type.value, params_json(resolved),
             params_json(requested), embedder, dim, now,
         ),
     )
-    return int(coll_id)
+    return coll_id
 
 
 def delete_collection(c: Conn, coll_id: int) -> None:
@@ -105,7 +106,7 @@ def kept_generations(c: Conn, coll_id: int) -> set[int]:
 
 
 def generation_build(c: Conn, coll_id: int, generation: int) -> tuple[IndexType, IndexParams]:
-    """What the generation's FAISS index is (kind, resolved params)."""
+    """What the generation's FAISS index is (built_type, resolved params)."""
     row = c.execute(
         "SELECT built_kind, params FROM generations WHERE coll_id = ? AND generation = ?",
         (coll_id, generation),
@@ -167,7 +168,7 @@ def apply_staged_vectors(c: Conn, coll_id: int, old_gen: int, gen: int) -> None:
 
 
 def activate_generation(
-    c: Conn, coll_id: int, old_gen: int, gen: int, kind: IndexType, resolved: IndexParams,
+    c: Conn, coll_id: int, old_gen: int, gen: int, built_type: IndexType, resolved: IndexParams,
     target: IndexType, requested: IndexParams, embedder: str, dim: int, reembedded: bool,
 ) -> list[int]:
     """Make `gen` active and `old_gen` previous; returns the generations retired."""
@@ -192,7 +193,7 @@ def activate_generation(
     c.execute(
         "UPDATE generations SET state = 'active', built_kind = ?, params = ?, dim = ? "
         "WHERE coll_id = ? AND generation = ?",
-        (kind.value, params_json(resolved), dim, coll_id, gen),
+        (built_type.value, params_json(resolved), dim, coll_id, gen),
     )
     c.execute(
         "UPDATE collections SET generation = ?, index_type = ?, params = ?, embedder = ?, "
@@ -202,16 +203,17 @@ def activate_generation(
     return retired
 
 
-def previous_generation(c: Conn, coll_id: int) -> tuple | None:
+def previous_generation(c: Conn, coll_id: int) -> tuple[Any, ...] | None:
     """(generation, index_type, requested params JSON, embedder, dim) of the previous one."""
-    return c.execute(
+    row: tuple[Any, ...] | None = c.execute(
         "SELECT generation, index_type, requested, embedder, dim FROM generations "
         "WHERE coll_id = ? AND state = 'previous'",
         (coll_id,),
     ).fetchone()
+    return row
 
 
-def roll_back(c: Conn, coll_id: int, cur: int, prev: tuple) -> None:
+def roll_back(c: Conn, coll_id: int, cur: int, prev: tuple[Any, ...]) -> None:
     """Restore the vectors `cur` replaced and make `prev` (a previous_generation row) active."""
     gen, index_type, requested, embedder, dim = prev
     c.execute(
@@ -278,9 +280,11 @@ def replace_items(c: Conn, coll_id: int, rows: Sequence[Row], mat: np.ndarray,
     ins = ("INSERT INTO items (coll_id, item_id, vector, text, metadata, chunk, c_start, c_end) "
            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
     for i, (item_id, chunk, start, end, text, md, whole) in enumerate(rows):
-        seqs[i] = c.execute(
+        seq = c.execute(
             ins, (coll_id, item_id, mat[i].tobytes(), text, md, chunk, start, end)
         ).lastrowid
+        assert seq is not None  # an INSERT's row
+        seqs[i] = seq
         if whole is not None:
             c.execute("INSERT INTO item_text (seq, text) VALUES (?, ?)", (int(seqs[i]), whole))
     if with_lexical:
@@ -374,7 +378,9 @@ def count_live(c: Conn, coll_id: int, upto: int) -> int:
 _WHOLE = "COALESCE((SELECT t.text FROM item_text t WHERE t.seq = items.seq), items.text)"
 
 
-def items_by_id(c: Conn, coll_id: int, ids: Sequence[str], vectors: bool) -> list[tuple]:
+def items_by_id(
+    c: Conn, coll_id: int, ids: Sequence[str], vectors: bool
+) -> list[tuple[Any, ...]]:
     """(item_id, whole text, metadata JSON[, vector of chunk 0]) of the live items of `ids`,
     in no order."""
     cols = f"item_id, {_WHOLE}, metadata" + (", vector" if vectors else "")
@@ -395,7 +401,7 @@ def live_among(c: Conn, coll_id: int, ids: Sequence[str]) -> set[str]:
     return {r[0] for r in rows}
 
 
-def items_page(c: Conn, coll_id: int, after: int, limit: int) -> list[tuple]:
+def items_page(c: Conn, coll_id: int, after: int, limit: int) -> list[tuple[Any, ...]]:
     """(seq, item_id, vector of chunk 0, whole text, metadata JSON) of live items after
     `after`, in seq order."""
     return c.execute(
@@ -408,7 +414,7 @@ def items_page(c: Conn, coll_id: int, after: int, limit: int) -> list[tuple]:
 def page_by(
     c: Conn, coll_id: int, path: str, after: tuple[Any, str] | None, limit: int,
     where: str, args: Sequence[Any],
-) -> list[tuple]:
+) -> list[tuple[Any, ...]]:
     """(item_id, text, metadata JSON) of up to `limit` live rows matching `where`, ordered by
     the metadata value at JSON `path`, then id, starting after `after` = (value, id)."""
     key = "json_extract(metadata, ?)"
@@ -441,7 +447,7 @@ def texts_of(c: Conn, seqs: Sequence[int]) -> Iterator[tuple[int, str, str]]:
     )
 
 
-def hit_rows(c: Conn, seqs: Sequence[int], whole: bool) -> Iterator[tuple]:
+def hit_rows(c: Conn, seqs: Sequence[int], whole: bool) -> Iterator[tuple[Any, ...]]:
     """(seq, chunk, c_start, c_end, chunk text, metadata JSON, the item's whole text or '')
     of `seqs`; the whole text only when asked for (it may be megabytes), and '' when the
     item was replaced or deleted since."""

@@ -20,9 +20,10 @@ from ragplane.index.context import Context
 from ragplane.index.filters import compile_filter
 from ragplane.index.gpu import GPU_MAX_K
 from ragplane.index.reads import matching
+from ragplane.index.rescore import rescore
 from ragplane.index.state import Coll
-from ragplane.index.types import Filter, Hit, IndexType, Metric, SearchResult
-from ragplane.index.validate import check_top_k, query_vectors
+from ragplane.index.types import Filter, Hit, IndexType, Metric, SearchKnobs, SearchResult
+from ragplane.index.validate import check_knobs, check_top_k, query_vectors
 
 # A filtered search on an approximate index scans the matching vectors exactly when the
 # filter leaves at most this many (or this fraction of) live items: cheap, and exact.
@@ -63,10 +64,12 @@ def _mask_lookup(mask: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
 
 def search(
     ctx: Context, tenant: str, name: str, queries: Any, top_k: int, filter: Filter | None,
-    include_text: bool, include_metadata: bool, chunks_per_hit: int = 1,
+    include_text: bool, include_metadata: bool, chunks_per_hit: int = 1, *,
+    knobs: SearchKnobs | None = None,
 ) -> list[SearchResult]:
     """Nearest live items to each row of `queries` ([n, dim] or [dim]), best first; an
-    item ranks by its best chunk and carries its best `chunks_per_hit` chunks.
+    item ranks by its best chunk and carries its best `chunks_per_hit` chunks. `knobs`:
+    this request's search parameters (None: the collection's defaults).
 
     One FAISS call serves all rows. With a filter, results fill `top_k` whenever that many
     live items match; `exhaustive` says whether the result is exact.
@@ -75,15 +78,18 @@ def search(
     k = check_top_k(top_k)
     per_hit = chunks.check_chunks_per_hit(chunks_per_hit)
     q = query_vectors(queries, coll.dim, coll.metric, coll.name)
+    knobs = collection_knobs(coll, knobs)
     found = _matches(ctx, coll, filter)
     grouped = coll.chunking.enabled or coll.split
     with coll.rw.read():
         if coll.dropped:
             raise NotFound(f"collection {name!r} was deleted")
-        planned = _run_items(ctx, coll, q, k, found, per_hit) if grouped else _run(
-            ctx, coll, q, k, found)
+        planned = _run_items(ctx, coll, q, k, found, per_hit, knobs) if grouped else _run(
+            ctx, coll, q, k, found, knobs)
     if planned is not None and grouped:
-        return _item_results(ctx, coll, q, *planned, include_text, include_metadata, per_hit)
+        groups, exhaustive, exact_rows = planned
+        return _item_results(ctx, coll, q, groups, exhaustive, exact_rows, include_text,
+                             include_metadata, per_hit)
     if planned is None:
         return [SearchResult(hits=(), returned_k=0, exhaustive=True) for _ in range(len(q))]
     raw, exhaustive, exact_rows = planned
@@ -99,6 +105,12 @@ def search(
     return out
 
 
+def collection_knobs(coll: Coll, knobs: SearchKnobs | None) -> SearchKnobs:
+    """`knobs` checked against the collection (InvalidArgument when one does not apply)."""
+    nlist = coll.rparams.ivf_nlist if coll.built_type == IndexType.IVF_PQ else None
+    return check_knobs(knobs, coll.name, coll.index_type, coll.params, nlist)
+
+
 def _matches(ctx: Context, coll: Coll, filter: Filter | None) -> np.ndarray | None:
     """The rows a non-empty filter matches (None: no filter, every live row); an empty
     filter is only validated."""
@@ -110,15 +122,17 @@ def _matches(ctx: Context, coll: Coll, filter: Filter | None) -> np.ndarray | No
 
 
 def ranked_rows(
-    ctx: Context, coll: Coll, q: np.ndarray, depth: int, filter: Filter | None
+    ctx: Context, coll: Coll, q: np.ndarray, depth: int, filter: Filter | None, *,
+    knobs: SearchKnobs | None = None,
 ) -> tuple[list[tuple[int, str, float]], bool]:
     """The best `depth` live rows (chunks) for the one query `q` ([dim], prepared), as
     (seq, item id, score), and whether the ranking is exact: hybrid search's dense side."""
+    knobs = collection_knobs(coll, knobs)
     found = _matches(ctx, coll, filter)
     with coll.rw.read():
         if coll.dropped:
             raise NotFound(f"collection {coll.name!r} was deleted")
-        planned = _run(ctx, coll, q[None, :], depth, found)
+        planned = _run(ctx, coll, q[None, :], depth, found, knobs)
     if planned is None:
         return [], True
     raw, exhaustive, exact_rows = planned
@@ -126,15 +140,16 @@ def ranked_rows(
 
 
 def _run_items(
-    ctx: Context, coll: Coll, q: np.ndarray, k: int, found: np.ndarray | None, per_hit: int
-) -> tuple[list, bool, set[int]] | None:
+    ctx: Context, coll: Coll, q: np.ndarray, k: int, found: np.ndarray | None, per_hit: int,
+    knobs: SearchKnobs,
+) -> tuple[list[Any], bool, set[int]] | None:
     """`_run` for items of several chunks: rows read deep enough to hold `k` items per query
     (or every candidate row), then grouped by item. Called under `rw` (read)."""
     n_rows = coll.live_count if found is None else int(np.count_nonzero(coll.live.contains(found)))
     planned = None
     # while no item is split, rows are items: no need to read deeper
     for depth in chunks.depths(k, per_hit, n_rows) if coll.split else [k]:
-        planned = _run(ctx, coll, q, depth, found)
+        planned = _run(ctx, coll, q, depth, found, knobs)
         if planned is None:
             return None
         groups = [chunks.group(raw, k, per_hit) for raw in planned[0]]
@@ -143,8 +158,13 @@ def _run_items(
     return None
 
 
+def _scorer(metric: Metric, qi: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """Exact scores of vectors [n, dim] for the one query `qi`."""
+    return lambda X: chunks.scores(metric, X, qi)
+
+
 def _item_results(
-    ctx: Context, coll: Coll, q: np.ndarray, groups: list, exhaustive: bool,
+    ctx: Context, coll: Coll, q: np.ndarray, groups: list[Any], exhaustive: bool,
     exact_rows: set[int], include_text: bool, include_metadata: bool, per_hit: int,
 ) -> list[SearchResult]:
     """Hits of grouped rankings, with their passages: one SQL read for every query's hits.
@@ -152,8 +172,7 @@ def _item_results(
     conn = ctx.reader()
     if per_hit > 1 and coll.split:
         groups = [
-            chunks.best_chunks(conn, coll.id, items, per_hit, lambda X, qi=qi: chunks.scores(
-                coll.metric, X, qi), coll.dim)
+            chunks.best_chunks(conn, coll.id, items, per_hit, _scorer(coll.metric, qi), coll.dim)
             for items, qi in zip(groups, q, strict=True)
         ]
     flat = [g for items in groups for _, g in items]
@@ -171,10 +190,12 @@ def _item_results(
 
 
 def _run(
-    ctx: Context, coll: Coll, q: np.ndarray, k: int, found: np.ndarray | None
+    ctx: Context, coll: Coll, q: np.ndarray, k: int, found: np.ndarray | None,
+    knobs: SearchKnobs,
 ) -> tuple[RawHits, bool, set[int]] | None:
     """Search under `rw` (read); None when nothing can match. Returns the raw hits, whether
-    every row is exact, and the rows redone exactly."""
+    every row is exact, and the rows redone exactly. An index of lossy codes hands
+    k x oversampling candidates to the exact rescoring."""
     if found is not None:
         # deleted since, or committed but not yet indexed: left out
         found = found[coll.live.contains(found)]
@@ -183,21 +204,34 @@ def _run(
         n_candidates = coll.live_count
     if n_candidates == 0:
         return None
-    exhaustive = coll.kind == IndexType.FLAT
+    lossy = fx.lossy(coll.built_type, coll.rparams)
+    exhaustive = coll.built_type == IndexType.FLAT and not lossy
     exact_rows: set[int] = set()
     few = n_candidates <= EXACT_SCAN_MAX or n_candidates <= EXACT_SCAN_FRACTION * coll.live_count
-    if found is not None and not exhaustive and few:
+    if knobs.exact and not exhaustive:
+        cand = found if found is not None else coll.live.to_array()
+        dist, lab = exact(ctx, coll, q, k, cand)
+        exhaustive = True
+    elif found is not None and not exhaustive and few:
         dist, lab = exact(ctx, coll, q, k, found)
         exhaustive = True
     else:
-        dist, lab = _indexed(ctx, coll, q, k, found)
+        if lossy:
+            over = knobs.oversampling or fx.default_oversampling(coll.built_type)
+            depth = fx.rescore_depth(k, over)
+            _, cand = _indexed(ctx, coll, q, depth, found, knobs)
+            dist, lab = rescore(q, cand, lambda s: repo.vectors_of(ctx.reader(), s, coll.dim),
+                                k, coll.metric)
+        else:
+            dist, lab = _indexed(ctx, coll, q, k, found, knobs)
         if not exhaustive:
             exact_rows = _fill_short(ctx, coll, q, k, found, n_candidates, dist, lab)
     return _raw_hits(coll, dist, lab), exhaustive, exact_rows
 
 
 def _indexed(
-    ctx: Context, coll: Coll, q: np.ndarray, k: int, found: np.ndarray | None
+    ctx: Context, coll: Coll, q: np.ndarray, k: int, found: np.ndarray | None,
+    knobs: SearchKnobs,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Search the collection's index, restricted to `found` (or the live set)."""
     mask = None
@@ -209,7 +243,7 @@ def _indexed(
         sel = coll.live_selector()
     else:
         sel = None
-    flat = coll.kind == IndexType.FLAT
+    flat = coll.built_type == IndexType.FLAT and not fx.lossy(coll.built_type, coll.rparams)
     if ctx.gpu is not None and flat and sel is None and k <= GPU_MAX_K:
         return ctx.gpu.search(coll.id, coll.index, q, k)
     if flat and q.shape[0] >= fx.BLAS_MIN_QUERIES:
@@ -220,8 +254,11 @@ def _indexed(
         else:
             allowed = None
         return fx.flat_batch_search(coll.index, q, k, coll.metric, allowed)
-    params = fx.search_params(coll.kind, coll.rparams, k, sel.sel if sel is not None else None)
-    return coll.index.search(q, k, params=params)
+    params = fx.search_params(coll.built_type, coll.rparams, k,
+                              sel.sel if sel is not None else None, knobs.ef_search,
+                              knobs.nprobe)
+    hits: tuple[np.ndarray, np.ndarray] = coll.index.search(q, k, params=params)
+    return hits
 
 
 def _fill_short(
@@ -277,7 +314,7 @@ def exact(
     ctx: Context, coll: Coll, q: np.ndarray, k: int, seqs: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k of `q` over the vectors of `seqs` (live, indexed). Called under rw."""
-    if coll.kind == IndexType.IVF_PQ:  # PQ codes are lossy: read the stored vectors
+    if fx.lossy(coll.built_type, coll.rparams):  # codes, not vectors: read the stored ones
         seqs, X = repo.vectors_of(ctx.reader(), seqs, coll.dim)
     else:
         X = coll.index.reconstruct_batch(seqs)

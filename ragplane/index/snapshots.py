@@ -55,7 +55,7 @@ def _discard(dest: Path, created: bool) -> None:
 
 
 def snapshot(
-    ctx: Context, dest_dir: str | os.PathLike, also: Callable[[Path], int] | None = None
+    ctx: Context, dest_dir: str | os.PathLike[str], also: Callable[[Path], int] | None = None
 ) -> int:
     """Write a consistent copy of the store and index checkpoints to `dest_dir` (which
     must be empty or absent), then whatever `also` writes into it. Writes may continue
@@ -112,7 +112,7 @@ def _write(ctx: Context, dest: Path) -> int:
     return total
 
 
-def restore(snapshot_dir: str | os.PathLike, data_dir: str | os.PathLike) -> None:
+def restore(snapshot_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str]) -> None:
     """Replace `data_dir`'s contents with a snapshot. No Engine may have it open."""
     src, dst = Path(snapshot_dir), Path(data_dir)
     if not (src / DB_NAME).is_file():

@@ -77,11 +77,11 @@ class Coll:
     generation: int
     created_at: float
     dir: Path
-    kind: IndexType = IndexType.FLAT  # what the FAISS index is
+    built_type: IndexType = IndexType.FLAT  # what the FAISS index is
     purpose: Kind = Kind.COLLECTION  # which namespace of the tenant the name lives in
     lexical: bool = True  # keeps an FTS5 index of item text (index.lexical)
     chunking: Chunking = field(default_factory=Chunking)
-    rparams: IndexParams = field(default_factory=IndexParams)  # resolved for `kind`
+    rparams: IndexParams = field(default_factory=IndexParams)  # resolved for `built_type`
     index: Any = None
     indexed_seq: int = 0  # every committed row of this collection up to here is indexed
     # live (not deleted, indexed) sequence numbers: 1 bit per number up to the highest
@@ -99,7 +99,10 @@ class Coll:
     _live_sel: fx.BitmapSelector | None = None
     # bumped whenever rows are added, so cached filter results know they are stale
     version: int = 0
-    filter_cache: OrderedDict = field(default_factory=OrderedDict)
+    # (filter SQL, args) -> (version, the matching rows' seqs)
+    filter_cache: OrderedDict[tuple[str, tuple[Any, ...]], tuple[int, np.ndarray]] = field(
+        default_factory=OrderedDict
+    )
     cache_lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- called with rw held for writing --

@@ -33,6 +33,13 @@ class IndexType(enum.StrEnum):
     IVF_PQ = "ivf_pq"
 
 
+class Quantization(enum.StrEnum):
+    """How a flat or HNSW index holds its vectors; the store always keeps them as float32."""
+
+    NONE = "none"  # float32: 4 bytes per dimension
+    INT8 = "int8"  # FAISS's SQ8 scalar quantizer: 1 byte per dimension, rescored exactly
+
+
 class SearchMode(enum.StrEnum):
     DENSE = "dense"  # nearest neighbours of the query vector
     LEXICAL = "lexical"  # BM25 over item text (SQLite FTS5)
@@ -131,6 +138,22 @@ class IndexParams:
     ivf_nlist: int = 0
     ivf_nprobe: int = 0
     pq_m: int = 0
+    quantization: Quantization = Quantization.NONE
+
+    def __post_init__(self) -> None:
+        # from JSON (the store, the change log) it arrives as a plain string
+        object.__setattr__(self, "quantization", Quantization(self.quantization))
+
+
+@dataclass(frozen=True)
+class SearchKnobs:
+    """Per-request search parameters (the API's SearchParams); None = the collection's
+    default. `validate.check_knobs` refuses those that do not apply to the collection."""
+
+    ef_search: int | None = None  # HNSW: candidate list of the graph search
+    nprobe: int | None = None  # IVF_PQ: inverted lists visited
+    exact: bool = False  # brute force over the live items' stored float vectors
+    oversampling: float | None = None  # lossy codes: top_k x this rescored exactly
 
 
 @dataclass(frozen=True)
@@ -205,3 +228,23 @@ class SearchResult:
     returned_k: int
     exhaustive: bool  # exact result: flat index, or an exact scan of the filtered items
     groups: Sequence[HitGroup] = ()  # with group_by (then `hits` is empty)
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A server connected to a shared store now (`Follower.peers`)."""
+
+    name: str  # how it names itself to the store, e.g. "ragplane host:pid"
+    address: str  # where its connections come from ("local": a Unix socket)
+    since: float  # its oldest open connection's start, unix seconds
+    connections: int
+    this: bool  # the server answering
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Once-only work of a shared store held now (a sweep, a rebuild), and by whom."""
+
+    name: str  # e.g. "once/memory-sweep", "rebuild/<tenant>/<kind>/<collection>"
+    holder: str  # the holding server's `Peer.name`
+    since: float  # when the holder's transaction or statement started, unix seconds

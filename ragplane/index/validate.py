@@ -8,6 +8,7 @@ checks instead of writing its own copies.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -16,9 +17,18 @@ import numpy as np
 
 from ragplane.core.errors import FailedPrecondition, InvalidArgument
 from ragplane.index import faiss_index as fx
-from ragplane.index.types import IndexParams, IndexType, Metric, Record
+from ragplane.index.repository import Row
+from ragplane.index.types import (
+    IndexParams,
+    IndexType,
+    Metric,
+    Quantization,
+    Record,
+    SearchKnobs,
+)
 
 MAX_TOP_K = 10_000
+MAX_EF_SEARCH = 10_000
 MAX_DIM = 65_536
 MAX_ID_LEN = 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
@@ -66,6 +76,55 @@ def check_params(index_type: IndexType, dim: int, params: Any) -> IndexParams:
     except ValueError as e:
         raise InvalidArgument(str(e)) from None
     return params
+
+
+def _positive(value: Any, name: str, most: float) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        raise InvalidArgument(f"params.{name} must be a number, got {value!r}")
+    if not (math.isfinite(value) and 1 <= value <= most):
+        raise InvalidArgument(f"params.{name} must be from 1 to {int(most)}, got {value!r}")
+
+
+def check_knobs(
+    knobs: Any, name: str, index_type: IndexType, params: IndexParams, nlist: int | None
+) -> SearchKnobs:
+    """A request's search parameters checked against its collection: `index_type` and
+    `params` as the collection was asked for, `nlist` its IVF index's lists (None while
+    it has none). A parameter that does not apply is refused, naming what does."""
+    if knobs is None:
+        return SearchKnobs()
+    if not isinstance(knobs, SearchKnobs):
+        raise InvalidArgument("search params must be SearchKnobs")
+    _positive(knobs.ef_search, "ef_search", MAX_EF_SEARCH)
+    _positive(knobs.nprobe, "nprobe", 1_000_000)
+    _positive(knobs.oversampling, "oversampling", fx.MAX_OVERSAMPLING)
+    for field, value in (("ef_search", knobs.ef_search), ("nprobe", knobs.nprobe)):
+        if value is not None and not float(value).is_integer():
+            raise InvalidArgument(f"params.{field} must be a whole number, got {value!r}")
+    what = f"collection {name!r} is {index_type.value}"
+    if knobs.exact and (knobs.ef_search or knobs.nprobe or knobs.oversampling):
+        raise InvalidArgument(
+            "params.exact scans every live item without the index: leave ef_search, nprobe "
+            "and oversampling unset with it"
+        )
+    if knobs.ef_search is not None and index_type != IndexType.HNSW:
+        raise InvalidArgument(f"params.ef_search applies to hnsw collections; {what}")
+    if knobs.nprobe is not None and index_type != IndexType.IVF_PQ:
+        raise InvalidArgument(f"params.nprobe applies to ivf_pq collections; {what}")
+    if knobs.nprobe is not None and nlist is not None and knobs.nprobe > nlist:
+        raise InvalidArgument(
+            f"params.nprobe {knobs.nprobe} is more than the {nlist} inverted lists "
+            f"(ivf_nlist) of collection {name!r}; use 1 to {nlist}"
+        )
+    lossy = index_type == IndexType.IVF_PQ or params.quantization != Quantization.NONE
+    if knobs.oversampling is not None and not lossy:
+        raise InvalidArgument(
+            "params.oversampling applies to quantized and ivf_pq collections, whose "
+            f"candidates are rescored; {what} with float vectors (its scores are exact)"
+        )
+    return knobs
 
 
 def check_ids(ids: Any) -> list[str]:
@@ -133,12 +192,15 @@ def record_rows(records: Sequence[Record]) -> list[tuple[str, str, str]]:
     return rows
 
 
-def record_row_groups(records: Sequence[Record], chunked: bool) -> tuple[list, list[Record]]:
+def record_row_groups(
+    records: Sequence[Record], chunked: bool
+) -> tuple[list[Row], list[Record]]:
     """The rows (repository.Row) the records are stored as, and one Record per row holding
     its vector: a record with `chunks` is a row per chunk (the item's whole text kept once,
     on chunk 0), any other one row. `chunked`: the collection records chunk offsets (a row
     of an unsplit item then covers its whole text), else offsets are -1."""
-    rows, vecs = [], []
+    rows: list[Row] = []
+    vecs: list[Record] = []
     for i, ((item_id, text, md), r) in enumerate(zip(record_rows(records), records, strict=True)):
         if not r.chunks:
             rows.append((item_id, 0, 0, len(text) if chunked else -1, text, md, None))

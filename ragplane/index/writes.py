@@ -36,25 +36,50 @@ def upsert(ctx: Context, tenant: str, name: str, records: Sequence[Record]) -> i
 
 
 class StagedUpsert:
-    """An upsert checked when made and written by `with staged.written():`. The block runs
-    with the rows in the open transaction, which commits (and the indexes follow) when the
-    block ends, or rolls back when it raises: a store whose truth is elsewhere writes there
-    meanwhile, and commits here only once it committed there."""
+    """An upsert into a collection found when made, its items checked by `check` (every
+    record has a vector of the collection's dimension, or chunks; ids once each) and
+    written by `with staged.written():`, which checks them first if `check` was not called.
+    The block runs with the rows in the open transaction, which commits (and the indexes
+    follow) when the block ends, or rolls back when it raises: a cache of another store
+    (PostgreSQL) commits the truth there, so that it commits only once the truth has, and
+    checks and writes the items while the truth runs its statements."""
 
     def __init__(self, ctx: Context, tenant: str, name: str, records: Sequence[Record]) -> None:
         self.ctx = ctx
-        self.coll = coll = ctx.get(tenant, name)
-        self.rows, self.vec_records = record_row_groups(records, coll.chunking.enabled)
-        self.mat = record_vectors(self.vec_records, coll.dim, coll.metric, coll.name)
+        self.coll = ctx.get(tenant, name)
+        self.records = records
+        self.checked: tuple[list[repo.Row], list[Record], np.ndarray] | None = None
+
+    @property
+    def dim(self) -> int:
+        return self.coll.dim
+
+    def all_new(self) -> bool:
+        """Whether the ids are distinct and none is stored here yet."""
+        ids = [r.id for r in self.records]
+        return len(set(ids)) == len(ids) and not repo.live_among(
+            self.ctx.reader(), self.coll.id, ids
+        )
+
+    def check(self) -> None:
+        """InvalidArgument naming the first item the collection cannot take."""
+        coll = self.coll
+        rows, vec_records = record_row_groups(self.records, coll.chunking.enabled)
+        mat = record_vectors(vec_records, coll.dim, coll.metric, coll.name)
+        self.checked = rows, vec_records, mat
 
     @contextmanager
     def written(self) -> Iterator[None]:
-        coll, rows, mat = self.coll, self.rows, self.mat
+        if self.checked is None:
+            self.check()
+        assert self.checked is not None
+        coll = self.coll
+        rows, vec_records, mat = self.checked
         with coll.write_mutex:
             if coll.dropped:
                 raise NotFound(f"collection {coll.name!r} was deleted")
             if mat.shape[1] != coll.dim:  # the collection was re-embedded to another dim
-                mat = record_vectors(self.vec_records, coll.dim, coll.metric, coll.name)
+                mat = record_vectors(vec_records, coll.dim, coll.metric, coll.name)
             with self.ctx.tx() as c:
                 old, seqs = repo.replace_items(c, coll.id, rows, mat, coll.lexical)
                 yield
@@ -74,7 +99,7 @@ def _index(
     """Add committed rows to FAISS and the live set (`tail`: the rows that are chunks past
     their item's first). Called under write_mutex."""
     n = len(ids)
-    chunk = HNSW_ADD_CHUNK if coll.kind == IndexType.HNSW else n
+    chunk = HNSW_ADD_CHUNK if coll.built_type == IndexType.HNSW else n
     with coll.rw.write():
         coll.mark_dead(old)
     for lo in range(0, n, chunk):
@@ -83,6 +108,20 @@ def _index(
             coll.index.add_with_ids(mat[lo:hi], seqs[lo:hi])
             coll.mark_live(seqs[lo:hi], ids[lo:hi], seqs[lo:hi][tail[lo:hi]].tolist())
             coll.indexed_seq = int(seqs[hi - 1])
+
+
+def check_delete(
+    ids: Sequence[str] | None, filter: Filter | None
+) -> tuple[list[str] | None, Filter | None]:
+    """A delete's selector, as both stores check it: exactly one of ids or a non-empty
+    filter, returned as (ids, filter) with the other None."""
+    if (ids is None) == (filter is None):
+        raise InvalidArgument("pass either ids or a filter to delete")
+    if filter is not None and filter.is_empty():
+        raise InvalidArgument(
+            "an empty filter would delete everything; delete the collection instead"
+        )
+    return (check_ids(ids) if ids is not None else None), filter
 
 
 def delete(
@@ -94,16 +133,11 @@ def delete(
 ) -> int:
     """Tombstone items by ids or by filter (exactly one). Returns how many were deleted."""
     coll = ctx.get(tenant, name)
-    if (ids is None) == (filter is None):
-        raise InvalidArgument("pass either ids or a filter to delete")
-    if ids is not None:
-        where, args = "item_id IN (SELECT value FROM json_each(?))", [json.dumps(check_ids(ids))]
+    wanted, matching = check_delete(ids, filter)
+    if wanted is not None:
+        where, args = "item_id IN (SELECT value FROM json_each(?))", [json.dumps(wanted)]
     else:
-        if filter is not None and filter.is_empty():
-            raise InvalidArgument(
-                "an empty filter would delete everything; delete the collection instead"
-            )
-        where, args = compile_filter(filter)
+        where, args = compile_filter(matching)
     with coll.write_mutex:
         if coll.dropped:
             raise NotFound(f"collection {name!r} was deleted")

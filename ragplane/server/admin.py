@@ -13,6 +13,7 @@ from typing import Any
 
 from ragplane.core.errors import FailedPrecondition, InvalidArgument
 from ragplane.index import CollectionInfo, Engine, IndexParams, IndexType, RebuildProgress
+from ragplane.index.backend import Store
 from ragplane.server import auth
 from ragplane.server.auth import KeyStore
 from ragplane.server.chunking import check_window
@@ -35,7 +36,7 @@ class Status:
 class AdminOps:
     def __init__(
         self,
-        engine: Engine,
+        engine: Store,
         embedding: EmbeddingService,
         memory: MemoryService,
         keys: KeyStore,

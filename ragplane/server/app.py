@@ -15,17 +15,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ragplane.core.errors import InvalidArgument
-from ragplane.index import CollectionInfo, Engine
+from ragplane.core.serverdb import ServerDb, Tables
+from ragplane.index import CollectionInfo
+from ragplane.index.backend import Backend, Store, StoreConfig, open_store
 from ragplane.index.gpu import faiss_gpu_available
-from ragplane.index.pg import open_shared
-from ragplane.server import __version__
+from ragplane.server import __version__, auth
 from ragplane.server.admin import AdminOps
 from ragplane.server.admission import Admission, CountingExecutor
 from ragplane.server.auth import DEFAULT_TENANT, SCOPES, KeyStore
@@ -46,6 +46,7 @@ from ragplane.server.servicers.index import IndexServicer
 from ragplane.server.servicers.memory import MemoryServicer
 from ragplane.server.servicers.search import SearchServicer
 from ragplane.server.settings import Settings
+from ragplane.server.shadow import evidence
 from ragplane.server.shadow.config import PairConfig, discover_koder_toml, load_pairs
 from ragplane.server.shadow.evidence import EvidenceStore
 from ragplane.server.shadow.manager import ShadowManager
@@ -73,12 +74,13 @@ class Runtime:
     """Everything the servicers share; closed in reverse order of creation."""
 
     settings: Settings
-    engine: Engine
+    engine: Store
     embedding: EmbeddingService
     collections: CollectionService
     keys: KeyStore
     memory: MemoryService
     admin: AdminOps
+    backend: Backend  # the store, chosen once at start; `engine` is its `store`
     started_at: float = field(default_factory=time.time)
     shadow: ShadowManager | None = None
     metrics: Metrics = field(default_factory=Metrics)
@@ -132,9 +134,11 @@ def _assemble(
         queue_texts=settings.embed_queue_texts,
     )
     stack.callback(embedding.close)
-    engine = stack.enter_context(_open_engine(settings, data_dir))
-    if (replica := getattr(engine, "replica", None)) is not None:
-        replica.on_lag = metrics.observe_store_lag
+    backend = _open_backend(settings, data_dir)
+    stack.callback(backend.close)
+    engine = backend.store
+    if backend.follower is not None:
+        backend.follower.on_lag = metrics.observe_store_lag
     collections = CollectionService(
         engine,
         embedding,
@@ -142,9 +146,8 @@ def _assemble(
         search_max_batch=settings.search_max_batch,
         max_item_text_bytes=settings.max_item_text_bytes,
     )
-    # a PostgreSQL store keeps the keys and the shadow's state too, over the engine's pool
-    pg = getattr(getattr(engine, "replica", None), "store", None)
-    keys = KeyStore.in_postgres(pg) if pg else KeyStore(data_dir / "keys.db")
+    # the store keeps the keys and the shadow's state too (a shared one: the cluster's)
+    keys = KeyStore(db=backend.server_db(auth.TABLES))
     stack.callback(keys.close)
     if bootstrap := settings.bootstrap_admin_key.get_secret_value():
         keys.ensure(bootstrap, DEFAULT_TENANT, SCOPES, "bootstrap admin key")
@@ -163,7 +166,7 @@ def _assemble(
         cluster_reembed=cluster_reembed(settings),
     )
     runtime = Runtime(
-        settings, engine, embedding, collections, keys, memory, admin, metrics=metrics
+        settings, engine, embedding, collections, keys, memory, admin, backend, metrics=metrics
     )
     shadow = _build_shadow(
         settings,
@@ -173,7 +176,7 @@ def _assemble(
         data_dir,
         busy=lambda: embedding.queued_texts > 0,
         history=history_beside(koder_toml),
-        pg=pg,
+        server_db=backend.server_db,
     )
     if shadow is not None:
         for case in shadow.cases.values():
@@ -211,27 +214,18 @@ def _warm_up(settings: Settings, canonical: Embedder, shadow: ShadowManager | No
         warm_up(e, texts=texts, parallel=max(1, at_once[ident]))
 
 
-def _open_engine(settings: Settings, data_dir: Path) -> Engine:
-    """The embedded store, or (a PostgreSQL URL) a SharedEngine: the Engine's face over it."""
+def _open_backend(settings: Settings, data_dir: Path) -> Backend:
+    """The store `settings.store` names (`open_store`: the one place that chooses)."""
     use_gpu = settings.faiss_gpu != "off" and faiss_gpu_available()
     if settings.faiss_gpu == "on" and not use_gpu:
         raise InvalidArgument(
             "faiss_gpu=on but FAISS has no GPU support or sees no GPU; install the [gpu] "
             "extra (make install-gpu) on a CUDA machine, or set faiss_gpu=auto"
         )
-
-    def open_local(path: Path, durable: bool = True) -> Engine:
-        return Engine(
-            path,
-            checkpoint_every=settings.checkpoint_every,
-            use_gpu=use_gpu,
-            integrity_check=settings.integrity_check,
-            durable=durable,
-        )
-
-    if settings.store == "sqlite":
-        return open_local(data_dir)
-    return open_shared(settings.store, data_dir / "cache", open_local, settings.store_log_keep)
+    return open_store(StoreConfig(
+        settings.store, data_dir, checkpoint_every=settings.checkpoint_every, use_gpu=use_gpu,
+        integrity_check=settings.integrity_check, log_keep=settings.store_log_keep,
+    ))
 
 
 def _build_shadow(
@@ -242,7 +236,7 @@ def _build_shadow(
     data_dir: Path,
     busy: Callable[[], bool] = lambda: False,
     history: ReleaseHistory | None = None,
-    pg: Any = None,  # a PostgreSQL store's PgStore: the evidence and flips live there
+    server_db: Callable[[Tables], ServerDb] | None = None,  # the store's (else shadow.db)
 ) -> ShadowManager | None:
     """One manager for every declared pair. A pair whose shadow cannot run is logged at
     WARNING here, once, and kept as `unavailable` so ShadowStatus says why."""
@@ -271,7 +265,8 @@ def _build_shadow(
         log.warning("shadow of %s is off: %s", case, unavailable[case])
     if not shadows and not unavailable:
         return None
-    store = EvidenceStore.in_postgres(pg) if pg else EvidenceStore(data_dir / "shadow.db")
+    store = (EvidenceStore(db=server_db(evidence.TABLES)) if server_db is not None
+             else EvidenceStore(data_dir / "shadow.db"))
     return ShadowManager(
         pairs,
         canonical,
@@ -324,10 +319,10 @@ def create_server(
     pool = CountingExecutor(max_workers=settings.workers, thread_name_prefix="rpc")
     admission = Admission(pool, limit=settings.workers * 8)
     runtime.closing.callback(admission.close)
-    replica = getattr(runtime.engine, "replica", None)  # a PostgreSQL store
+    follower = runtime.backend.follower  # a store shared by many servers
     interceptor = ServerInterceptor(
         before=runtime.keys.authenticate, after=runtime.metrics.observe_rpc, admission=admission,
-        consistency=Gate(replica, settings.consistency_wait_ms) if replica else None,
+        consistency=Gate(follower, settings.consistency_wait_ms) if follower else None,
     )
     # No maximum_concurrent_rpcs: gRPC would refuse without retry-after; Admission caps instead.
     server = grpc.server(pool, interceptors=[interceptor], options=options)
@@ -389,9 +384,7 @@ def _add_services(server: grpc.Server, runtime: Runtime, settings: Settings) -> 
     for name in ["", *services]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     store_services = ["", *services[1:4]]  # the overall status and Index, Search, Memory
-    runtime.health = HealthState(
-        health_servicer, getattr(runtime.engine, "replica", None), store_services
-    )
+    runtime.health = HealthState(health_servicer, runtime.backend.follower, store_services)
     runtime.closing.callback(runtime.health.close)
     reflection.enable_server_reflection(
         [
@@ -423,8 +416,8 @@ class _Gauges:
         return self._rt.shadow.status() if self._rt.shadow is not None else []
 
     def store_position(self) -> tuple[int, float] | None:
-        replica = getattr(self._rt.engine, "replica", None)
-        return None if replica is None else (replica.applied, replica.lag_seconds())
+        follower = self._rt.backend.follower
+        return None if follower is None else (follower.applied, follower.lag_seconds())
 
 
 def _tls_credentials(settings: Settings) -> grpc.ServerCredentials:
@@ -471,8 +464,7 @@ def serve(settings: Settings) -> None:
         settings.host,
         port,
         runtime.embedding.canonical.identity,
-        settings.data_dir if settings.store == "sqlite" else
-        f"{settings.data_dir}/cache, store {runtime.engine.replica.store.where}",
+        runtime.backend.where,
         ", TLS" if settings.tls_cert else "",
         f", metrics on :{runtime.metrics_port}" if runtime.metrics_port else "",
         f", OpenAI-compatible HTTP on :{runtime.http.port}" if runtime.http else "",

@@ -22,7 +22,6 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import grpc
 
@@ -34,10 +33,7 @@ from ragplane.core.errors import (
     Unavailable,
 )
 from ragplane.core.poller import Poller
-from ragplane.core.statedb import SqliteStateDb, StateDb
-
-if TYPE_CHECKING:  # psycopg is imported only with a PostgreSQL store
-    from ragplane.index.pg.log import PgStore
+from ragplane.core.serverdb import ServerDb, SqliteServerDb, Tables
 
 RETRY_AFTER_S = 1.0
 
@@ -99,8 +95,7 @@ _SCHEMA = (
     "scopes TEXT NOT NULL, hash TEXT NOT NULL, description TEXT NOT NULL, "
     "created_at REAL NOT NULL, revoked INTEGER NOT NULL DEFAULT 0)"
 )
-_SQLITE_TABLES = {"keys": "keys"}
-_PG_TABLES = {"keys": "rp_keys"}  # ragplane.index.pg.schema, version 2
+TABLES = Tables("keys.db", {"keys": "keys"}, _SCHEMA)
 # With a shared store, keys made or revoked on another server: this server re-reads them
 # every FOLLOW_S, and refuses to judge a key (UNAVAILABLE) on a read older than MAX_STALE_S,
 # so a key revoked anywhere is refused everywhere within MAX_STALE_S.
@@ -109,28 +104,20 @@ MAX_STALE_S = 2.0
 
 
 class KeyStore:
-    """Keys in their own SQLite file (data_dir/keys.db), so auth never contends with data;
-    or, with a PostgreSQL store (`in_postgres`), in its rp_keys table, the same keys on
-    every server of the cluster."""
+    """Keys in the server's own database, `TABLES` opened by the store it runs on: their own
+    SQLite file (data_dir/keys.db), so auth never contends with data, or a shared store's
+    table, the same keys on every server of the cluster. `path`: that SQLite file."""
 
-    def __init__(self, path: Path | None = None, *, db: StateDb | None = None) -> None:
+    def __init__(self, path: Path | None = None, *, db: ServerDb | None = None) -> None:
         if db is None:
             assert path is not None, "KeyStore needs a path or a db"
-            db = SqliteStateDb(path, _SQLITE_TABLES, _SCHEMA)
+            db = SqliteServerDb(path, TABLES)
         self._db = db
         self._lock = threading.Lock()  # one reload at a time: an older read never wins
         self._cache: dict[str, tuple[str, Principal]] = {}
         self._read_at = 0.0  # monotonic time the cached read began
         self._reload()
         self._follower = Poller("API keys", FOLLOW_S, self._reload) if db.shared else None
-
-    @classmethod
-    def in_postgres(cls, store: PgStore) -> KeyStore:
-        """The keys of a PostgreSQL store (a `ragplane.index.pg.log.PgStore`, whose pool
-        this uses)."""
-        from ragplane.index.pg.state import PgStateDb
-
-        return cls(db=PgStateDb(store, _PG_TABLES))
 
     def _reload(self) -> None:
         with self._lock:

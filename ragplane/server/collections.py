@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ragplane.core.errors import InvalidArgument
-from ragplane.index import Engine
+from ragplane.core.errors import AlreadyExists, InvalidArgument
+from ragplane.index.backend import Store
 from ragplane.index.fusion import check as check_fusion
 from ragplane.index.types import (
     Chunking,
@@ -27,6 +27,7 @@ from ragplane.index.types import (
     IndexType,
     Metric,
     Record,
+    SearchKnobs,
     SearchMode,
     SearchResult,
 )
@@ -61,7 +62,7 @@ class Grouping:
 class CollectionService:
     def __init__(
         self,
-        engine: Engine,
+        engine: Store,
         embedding: EmbeddingService,
         *,
         max_batch_items: int = 2048,
@@ -93,9 +94,11 @@ class CollectionService:
         params: IndexParams,
         lexical_index: bool = True,
         chunks: Chunking | None = None,
+        exist_ok: bool = False,
     ) -> CollectionInfo:
         """`chunks`: None = on, at the embedder's window (only for a collection whose text
-        the embedder embeds; one that holds callers' vectors has no chunking)."""
+        the embedder embeds; one that holds callers' vectors has no chunking). `exist_ok`:
+        get-or-create, the existing collection when it is the one asked for (`_same`)."""
         embedder = self.embedding.serving_embedder()
         if dim < 0:
             raise InvalidArgument(
@@ -109,17 +112,23 @@ class CollectionService:
                 f"vectors from callers (the embedder's are {embedder.dim}-dim); set dim to 0 "
                 "or chunking.enabled to false"
             )
-        return self.engine.create_collection(
-            self._tenant(),
-            name,
-            dim=dim or embedder.dim,
-            metric=metric,
-            index_type=index_type,
-            embedder=identity,
-            params=params,
-            lexical_index=lexical_index,
-            chunking=chunking.resolve(chunks, embedder.max_seq_length) if identity else Chunking(),
-        )
+        asked = {
+            "dim": dim or embedder.dim,
+            "metric": metric,
+            "index_type": index_type,
+            "embedder": identity,
+            "params": params,
+            "lexical_index": lexical_index,
+            "chunking": chunking.resolve(chunks, embedder.max_seq_length) if identity
+            else Chunking(),
+        }
+        try:
+            return self.engine.create_collection(self._tenant(), name, **asked)
+        except AlreadyExists:
+            if not exist_ok:
+                raise
+        # the embedder is the server's choice, not the caller's (a rebuild may change it)
+        return _same(self.describe(name), {k: v for k, v in asked.items() if k != "embedder"})
 
     def delete_collection(self, name: str) -> None:
         self.engine.delete_collection(self._tenant(), name)
@@ -240,11 +249,18 @@ class CollectionService:
         is_active: Callable[[], bool] = lambda: True,
         chunks_per_hit: int = 1,
         grouping: Grouping = Grouping(),  # noqa: B008 - frozen
+        knobs: SearchKnobs | None = None,
     ) -> tuple[SearchResult, str]:
+        """`knobs`: the dense search's parameters for this request (None = the collection's)."""
         tenant = self._tenant()
         if text is None and vector is None:
             raise InvalidArgument("Search needs a query: set text or vector")
         check_top_k(top_k)
+        if knobs not in (None, SearchKnobs()) and mode is not SearchMode.DENSE:
+            raise InvalidArgument(
+                f"params (ef_search, nprobe, exact, oversampling) apply to dense search; "
+                f"{mode.value} search takes the collection's own"
+            )
         if mode is not SearchMode.DENSE:
             self._check_text_query(text, mode)
         elif text is not None and not text.strip():
@@ -277,7 +293,8 @@ class CollectionService:
                     tenant, name, text, vector, k, fusion=fusion,
                     include_metadata=with_metadata, **options)
             return self.searches.search(
-                tenant, name, vector, k, include_metadata=with_metadata, **options)
+                tenant, name, vector, k, include_metadata=with_metadata, knobs=knobs,
+                **options)
 
         if grouping.field:
             res = groups.search_groups(
@@ -297,3 +314,23 @@ class CollectionService:
             )
         if not text.strip():
             raise InvalidArgument("query text is empty")
+
+
+def _same(info: CollectionInfo, asked: dict) -> CollectionInfo:
+    """`info` (the collection that holds the name) when it has every setting `asked` for;
+    AlreadyExists naming the first that differs otherwise, so get-or-create never hands a
+    caller a collection other than the one it asked for."""
+    for key, want in asked.items():
+        have = getattr(info, key)
+        if key == "params":  # reported resolved, and the quantization that serves (float
+            # until a rebuild trains int8): the numbers asked for (0 = the default)
+            if all(getattr(have, f) == v for f, v in vars(want).items()
+                   if v and f != "quantization"):
+                continue
+        elif have == want:
+            continue
+        raise AlreadyExists(
+            f"collection {info.name!r} already exists with {key} {have!r}, not {want!r}; "
+            "pick another name or delete it first"
+        )
+    return info

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ragplane.core.errors import InvalidArgument
+from ragplane.index.backend import Follower
 
 STORE_SERVICES = (
     "/ragplane.v1.IndexService/",
@@ -22,10 +23,10 @@ FIELD = "consistency_token"
 
 
 class Gate:
-    def __init__(self, replica: Any, wait_ms: int) -> None:
-        self.replica = replica
+    def __init__(self, follower: Follower, wait_ms: int) -> None:
+        self.follower = follower
         self.wait = max(0, wait_ms) / 1000.0
-        self.prefix = replica.store.store_id[:8]
+        self.prefix = follower.store_id[:8]
 
     def applies(self, method: str) -> bool:
         return method.startswith(STORE_SERVICES)
@@ -44,12 +45,12 @@ class Gate:
         return int(pos)
 
     def before(self, request: Any) -> None:
-        self.replica.check()
+        self.follower.check()
         token = getattr(request, FIELD, "")
         if token:
-            self.replica.wait_for(self.parse(token), self.wait)
+            self.follower.wait_for(self.parse(token), self.wait)
 
     def after(self, response: Any) -> Any:
         if response is not None and FIELD in response.DESCRIPTOR.fields_by_name:
-            setattr(response, FIELD, self.token(self.replica.applied))
+            setattr(response, FIELD, self.token(self.follower.applied))
         return response

@@ -31,9 +31,11 @@ from ragplane.index.types import (
 )
 from ragplane.server.auth import KeyInfo
 from ragplane.server.conversions_search import (
+    QUANTIZATION_TO_PB,
     chunk_hits_from_pb,
     chunk_hits_to_pb,
     chunking_to_pb,
+    quantization_from_pb,
     value_to_pb,
 )
 from ragplane.server.memory import Memory
@@ -215,7 +217,7 @@ def filter_to_pb(f: Filter | None) -> common_pb2.Filter:
 # --- collections -----------------------------------------------------------------------
 
 
-_PARAM_FIELDS = tuple(f.name for f in dataclasses.fields(IndexParams))
+_PARAM_FIELDS = tuple(f.name for f in dataclasses.fields(IndexParams) if f.type == "int")
 
 
 def params_from_pb(p: index_pb2.IndexParams) -> IndexParams:
@@ -223,11 +225,12 @@ def params_from_pb(p: index_pb2.IndexParams) -> IndexParams:
     for name, v in values.items():
         if v < 0:
             raise InvalidArgument(f"params.{name} must be >= 0 (0 = default), got {v}")
-    return IndexParams(**values)
+    return IndexParams(**values, quantization=quantization_from_pb(p.quantization))
 
 
 def params_to_pb(p: IndexParams) -> index_pb2.IndexParams:
-    return index_pb2.IndexParams(**dataclasses.asdict(p))
+    values = {name: getattr(p, name) for name in _PARAM_FIELDS}
+    return index_pb2.IndexParams(**values, quantization=QUANTIZATION_TO_PB[p.quantization])
 
 
 def collection_info_to_pb(c: CollectionInfo) -> index_pb2.CollectionInfo:

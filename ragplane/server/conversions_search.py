@@ -1,5 +1,6 @@
-"""Protobuf <-> domain for search options and long documents: hybrid fusion, a
-collection's lexical index and chunking, the passages of a hit, and search groups' keys.
+"""Protobuf <-> domain for search options and long documents: hybrid fusion, per-request
+search parameters, a collection's quantization, lexical index and chunking, the passages of
+a hit, and search groups' keys.
 Beside `conversions`, which uses them, so neither outgrows the size limit."""
 
 from __future__ import annotations
@@ -10,7 +11,15 @@ from typing import Any
 from google.protobuf import json_format, struct_pb2
 
 from ragplane.core.errors import InvalidArgument
-from ragplane.index.types import ChunkHit, Chunking, Fusion, FusionMethod, Splitter
+from ragplane.index.types import (
+    ChunkHit,
+    Chunking,
+    Fusion,
+    FusionMethod,
+    Quantization,
+    SearchKnobs,
+    Splitter,
+)
 from ragplane.v1 import common_pb2, index_pb2, search_pb2
 
 FUSION_METHOD_TO_PB = {
@@ -28,6 +37,49 @@ SPLITTER_FROM_PB = {
 }
 SPLITTER_TO_PB = {Splitter.TEXT: index_pb2.CHUNK_SPLITTER_TEXT,
                   Splitter.MARKDOWN: index_pb2.CHUNK_SPLITTER_MARKDOWN}
+
+
+QUANTIZATION_FROM_PB = {
+    index_pb2.QUANTIZATION_UNSPECIFIED: Quantization.NONE,
+    index_pb2.QUANTIZATION_NONE: Quantization.NONE,
+    index_pb2.QUANTIZATION_INT8: Quantization.INT8,
+}
+QUANTIZATION_TO_PB = {Quantization.NONE: index_pb2.QUANTIZATION_NONE,
+                      Quantization.INT8: index_pb2.QUANTIZATION_INT8}
+
+
+def quantization_from_pb(v: int) -> Quantization:
+    try:
+        return QUANTIZATION_FROM_PB[v]
+    except KeyError:
+        raise InvalidArgument(
+            f"params.quantization {v} is unknown; use QUANTIZATION_NONE or QUANTIZATION_INT8"
+        ) from None
+
+
+def knobs_from_pb(req: search_pb2.SearchRequest) -> SearchKnobs | None:
+    """SearchRequest.params: None when unset (the collection's defaults). Unset fields stay
+    None; the engine checks the values against the collection (`validate.check_knobs`)."""
+    if not req.HasField("params"):
+        return None
+    pb = req.params
+    return SearchKnobs(
+        ef_search=pb.ef_search if pb.HasField("ef_search") else None,
+        nprobe=pb.nprobe if pb.HasField("nprobe") else None,
+        exact=pb.exact,
+        oversampling=pb.oversampling if pb.HasField("oversampling") else None,
+    )
+
+
+def knobs_to_pb(k: SearchKnobs) -> search_pb2.SearchParams:
+    pb = search_pb2.SearchParams(exact=k.exact)
+    if k.ef_search is not None:
+        pb.ef_search = k.ef_search
+    if k.nprobe is not None:
+        pb.nprobe = k.nprobe
+    if k.oversampling is not None:
+        pb.oversampling = k.oversampling
+    return pb
 
 
 def chunking_from_pb(req: index_pb2.CreateCollectionRequest) -> Chunking | None:

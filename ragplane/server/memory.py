@@ -38,8 +38,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ragplane.core.errors import InvalidArgument, NotFound, RagplaneError
-from ragplane.index import Engine
+from ragplane.core.errors import AlreadyExists, InvalidArgument, NotFound, RagplaneError
+from ragplane.index.backend import Store
 from ragplane.index.fusion import check as check_fusion
 from ragplane.index.types import (
     CollectionInfo,
@@ -96,7 +96,7 @@ class Weights:
 
 @dataclass
 class MemoryService:
-    engine: Engine
+    engine: Store
     embedding: EmbeddingService
     dedup_threshold: float = 0.95
     half_life_seconds: float = 7 * 86400.0
@@ -193,15 +193,18 @@ class MemoryService:
         with self._lock(space, namespace):
             now = self.clock()
             if not self._exists(space, namespace):
-                self._store.create_collection(
-                    space,
-                    namespace,
-                    dim=self.embedding.dim,
-                    metric=Metric.COSINE,
-                    index_type=IndexType.FLAT,
-                    embedder=self.embedding.serving_embedder().identity,
-                    chunking=self._chunking(),
-                )
+                try:
+                    self._store.create_collection(
+                        space,
+                        namespace,
+                        dim=self.embedding.dim,
+                        metric=Metric.COSINE,
+                        index_type=IndexType.FLAT,
+                        embedder=self.embedding.serving_embedder().identity,
+                        chunking=self._chunking(),
+                    )
+                except AlreadyExists:  # made a moment ago through another server: use it
+                    pass
             hits = self._store.search(
                 space,
                 namespace,

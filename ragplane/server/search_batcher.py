@@ -4,7 +4,7 @@ FAISS answers a [q, dim] batch far faster than q calls of [1, dim]. A caller tha
 no search of its collection in flight runs at once (no added latency at low load); while
 one runs, others queue, and when it finishes, one waiting caller becomes the next leader
 and runs up to `max_batch` queued searches (oldest first) in one call. Searches with
-different parameters (top_k, filter, includes) are grouped separately.
+different parameters (top_k, filter, includes, search knobs) are grouped separately.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ragplane.index import Engine
-from ragplane.index.types import Filter, SearchResult
+from ragplane.index.backend import Store
+from ragplane.index.types import Filter, SearchKnobs, SearchResult
 
 
 @dataclass
@@ -27,7 +27,7 @@ class _Lane:
 
 
 class SearchCoalescer:
-    def __init__(self, engine: Engine, max_batch: int = 64) -> None:
+    def __init__(self, engine: Store, max_batch: int = 64) -> None:
         self.engine = engine
         self.max_batch = max(1, max_batch)
         self._cond = threading.Condition()
@@ -46,8 +46,9 @@ class SearchCoalescer:
         include_text: bool,
         include_metadata: bool,
         chunks_per_hit: int = 1,
+        knobs: SearchKnobs | None = None,
     ) -> SearchResult:
-        key = (top_k, filter, include_text, include_metadata, chunks_per_hit)
+        key = (top_k, filter, include_text, include_metadata, chunks_per_hit, knobs)
         fut: Future[SearchResult] = Future()
         lane_key = (tenant, name)
         with self._cond:
@@ -76,7 +77,7 @@ class SearchCoalescer:
     def _run(
         self, tenant: str, name: str, group: list[tuple[Hashable, np.ndarray, Future[SearchResult]]]
     ) -> None:
-        top_k, filter, include_text, include_metadata, per_hit = group[0][0]  # type: ignore[misc]
+        top_k, filter, include_text, include_metadata, per_hit, knobs = group[0][0]  # type: ignore[misc]
         try:
             queries = np.stack([w[1] for w in group]).astype(np.float32, copy=False)
             results = self.engine.search(
@@ -88,6 +89,7 @@ class SearchCoalescer:
                 include_text=include_text,
                 include_metadata=include_metadata,
                 chunks_per_hit=per_hit,
+                knobs=knobs,
             )
         except BaseException as exc:  # every caller of the batch hears the error
             for w in group:

@@ -185,7 +185,7 @@ class ReleaseEvidence(_message.Message):
     def __init__(self, shadow: _Optional[str] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_p1: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., overlap_at_10: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ..., probes: _Optional[int] = ..., timed_batches: _Optional[int] = ..., canonical: _Optional[str] = ..., hardware: _Optional[str] = ..., phase: _Optional[str] = ..., seconds: _Optional[float] = ..., batches: _Optional[int] = ..., last_error: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[ClassEvidence, _Mapping]]] = ..., bb_time_ratio: _Optional[float] = ..., sampled: _Optional[int] = ..., compared: _Optional[int] = ..., skipped_busy: _Optional[int] = ..., busy_sampled: _Optional[int] = ...) -> None: ...
 
 class ClassEvidence(_message.Message):
-    __slots__ = ("name", "batches", "share", "samples", "cosine_min", "cosine_mean", "time_ratio", "time_ratio_upper", "aa_time_ratio", "timed_batches", "errors", "dropped", "carried", "passed_g1", "passed_g2", "bb_time_ratio", "sampled", "skipped_busy", "busy_sampled")
+    __slots__ = ("name", "batches", "share", "samples", "cosine_min", "cosine_mean", "time_ratio", "time_ratio_upper", "aa_time_ratio", "timed_batches", "errors", "dropped", "carried", "passed_g1", "passed_g2", "bb_time_ratio", "sampled", "skipped_busy", "busy_sampled", "aa_bb_lower")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +205,7 @@ class ClassEvidence(_message.Message):
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_BUSY_FIELD_NUMBER: _ClassVar[int]
     BUSY_SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    AA_BB_LOWER_FIELD_NUMBER: _ClassVar[int]
     name: str
     batches: int
     share: float
@@ -224,7 +225,8 @@ class ClassEvidence(_message.Message):
     sampled: int
     skipped_busy: int
     busy_sampled: int
-    def __init__(self, name: _Optional[str] = ..., batches: _Optional[int] = ..., share: _Optional[float] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., timed_batches: _Optional[int] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., carried: _Optional[bool] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ..., bb_time_ratio: _Optional[float] = ..., sampled: _Optional[int] = ..., skipped_busy: _Optional[int] = ..., busy_sampled: _Optional[int] = ...) -> None: ...
+    aa_bb_lower: float
+    def __init__(self, name: _Optional[str] = ..., batches: _Optional[int] = ..., share: _Optional[float] = ..., samples: _Optional[int] = ..., cosine_min: _Optional[float] = ..., cosine_mean: _Optional[float] = ..., time_ratio: _Optional[float] = ..., time_ratio_upper: _Optional[float] = ..., aa_time_ratio: _Optional[float] = ..., timed_batches: _Optional[int] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., carried: _Optional[bool] = ..., passed_g1: _Optional[bool] = ..., passed_g2: _Optional[bool] = ..., bb_time_ratio: _Optional[float] = ..., sampled: _Optional[int] = ..., skipped_busy: _Optional[int] = ..., busy_sampled: _Optional[int] = ..., aa_bb_lower: _Optional[float] = ...) -> None: ...
 
 class FlipEvent(_message.Message):
     __slots__ = ("at", "action", "serving", "forced", "reason")

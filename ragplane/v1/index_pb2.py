@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from ragplane.v1 import common_pb2 as ragplane_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ragplane/v1/index.proto\x12\x0bragplane.v1\x1a\x18ragplane/v1/common.proto\"\x88\x01\n\x0bIndexParams\x12\x0e\n\x06hnsw_m\x18\x01 \x01(\x05\x12\x1c\n\x14hnsw_ef_construction\x18\x02 \x01(\x05\x12\x16\n\x0ehnsw_ef_search\x18\x03 \x01(\x05\x12\x11\n\tivf_nlist\x18\x04 \x01(\x05\x12\x12\n\nivf_nprobe\x18\x05 \x01(\x05\x12\x0c\n\x04pq_m\x18\x06 \x01(\x05\"\x98\x02\n\x17\x43reateCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x06metric\x18\x02 \x01(\x0e\x32\x13.ragplane.v1.Metric\x12*\n\nindex_type\x18\x03 \x01(\x0e\x32\x16.ragplane.v1.IndexType\x12\x0b\n\x03\x64im\x18\x04 \x01(\x05\x12(\n\x06params\x18\x05 \x01(\x0b\x32\x18.ragplane.v1.IndexParams\x12\x1a\n\rlexical_index\x18\x06 \x01(\x08H\x00\x88\x01\x01\x12,\n\x08\x63hunking\x18\x07 \x01(\x0b\x32\x15.ragplane.v1.ChunkingH\x01\x88\x01\x01\x42\x10\n\x0e_lexical_indexB\x0b\n\t_chunking\"\xb5\x01\n\x08\x43hunking\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x12\n\nmax_tokens\x18\x02 \x01(\x05\x12\x1b\n\x0eoverlap_tokens\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12,\n\x08splitter\x18\x04 \x01(\x0e\x32\x1a.ragplane.v1.ChunkSplitter\x12\x17\n\nmin_tokens\x18\x05 \x01(\x05H\x01\x88\x01\x01\x42\x11\n\x0f_overlap_tokensB\r\n\x0b_min_tokens\"\xee\x02\n\x0e\x43ollectionInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\x12\x0b\n\x03\x64im\x18\x03 \x01(\x05\x12#\n\x06metric\x18\x04 \x01(\x0e\x32\x13.ragplane.v1.Metric\x12*\n\nindex_type\x18\x05 \x01(\x0e\x32\x16.ragplane.v1.IndexType\x12\x10\n\x08\x65mbedder\x18\x06 \x01(\t\x12\x12\n\ngeneration\x18\x07 \x01(\x03\x12\x12\n\ntombstones\x18\x08 \x01(\x03\x12(\n\x06params\x18\t \x01(\x0b\x32\x18.ragplane.v1.IndexParams\x12\x12\n\ncreated_at\x18\n \x01(\x01\x12\x15\n\rlexical_index\x18\x0b \x01(\x08\x12\'\n\x08\x63hunking\x18\x0c \x01(\x0b\x32\x15.ragplane.v1.Chunking\x12\x0e\n\x06\x63hunks\x18\r \x01(\x03\x12\x19\n\x11\x63onsistency_token\x18\x0e \x01(\t\"\'\n\x17\x44\x65leteCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"F\n\x18\x44\x65leteCollectionResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x12\x19\n\x11\x63onsistency_token\x18\x02 \x01(\t\"3\n\x16ListCollectionsRequest\x12\x19\n\x11\x63onsistency_token\x18\x01 \x01(\t\"K\n\x17ListCollectionsResponse\x12\x30\n\x0b\x63ollections\x18\x01 \x03(\x0b\x32\x1b.ragplane.v1.CollectionInfo\"D\n\x19\x44\x65scribeCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11\x63onsistency_token\x18\x02 \x01(\t\"E\n\rUpsertRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12 \n\x05items\x18\x02 \x03(\x0b\x32\x11.ragplane.v1.Item\"r\n\x0eUpsertResponse\x12\x10\n\x08upserted\x18\x01 \x01(\x03\x12\x10\n\x08\x65mbedder\x18\x02 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x03\x12\x11\n\ttruncated\x18\x04 \x01(\x03\x12\x19\n\x11\x63onsistency_token\x18\x05 \x01(\t\"z\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\"\n\x03ids\x18\x02 \x01(\x0b\x32\x13.ragplane.v1.IdListH\x00\x12%\n\x06\x66ilter\x18\x03 \x01(\x0b\x32\x13.ragplane.v1.FilterH\x00\x42\n\n\x08selector\"<\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x03\x12\x19\n\x11\x63onsistency_token\x18\x02 \x01(\t\"a\n\nGetRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\t\x12\x17\n\x0finclude_vectors\x18\x03 \x01(\x08\x12\x19\n\x11\x63onsistency_token\x18\x04 \x01(\t\"/\n\x0bGetResponse\x12 \n\x05items\x18\x01 \x03(\x0b\x32\x11.ragplane.v1.Item*Q\n\x06Metric\x12\x16\n\x12METRIC_UNSPECIFIED\x10\x00\x12\x11\n\rMETRIC_COSINE\x10\x01\x12\r\n\tMETRIC_IP\x10\x02\x12\r\n\tMETRIC_L2\x10\x03*h\n\tIndexType\x12\x1a\n\x16INDEX_TYPE_UNSPECIFIED\x10\x00\x12\x13\n\x0fINDEX_TYPE_FLAT\x10\x01\x12\x13\n\x0fINDEX_TYPE_HNSW\x10\x02\x12\x15\n\x11INDEX_TYPE_IVF_PQ\x10\x03*e\n\rChunkSplitter\x12\x1e\n\x1a\x43HUNK_SPLITTER_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43HUNK_SPLITTER_TEXT\x10\x01\x12\x1b\n\x17\x43HUNK_SPLITTER_MARKDOWN\x10\x02\x32\xdd\x04\n\x0cIndexService\x12U\n\x10\x43reateCollection\x12$.ragplane.v1.CreateCollectionRequest\x1a\x1b.ragplane.v1.CollectionInfo\x12\x64\n\x10\x44\x65leteCollection\x12$.ragplane.v1.DeleteCollectionRequest\x1a%.ragplane.v1.DeleteCollectionResponse\"\x03\x90\x02\x02\x12\x61\n\x0fListCollections\x12#.ragplane.v1.ListCollectionsRequest\x1a$.ragplane.v1.ListCollectionsResponse\"\x03\x90\x02\x01\x12^\n\x12\x44\x65scribeCollection\x12&.ragplane.v1.DescribeCollectionRequest\x1a\x1b.ragplane.v1.CollectionInfo\"\x03\x90\x02\x01\x12\x46\n\x06Upsert\x12\x1a.ragplane.v1.UpsertRequest\x1a\x1b.ragplane.v1.UpsertResponse\"\x03\x90\x02\x02\x12\x46\n\x06\x44\x65lete\x12\x1a.ragplane.v1.DeleteRequest\x1a\x1b.ragplane.v1.DeleteResponse\"\x03\x90\x02\x02\x12=\n\x03Get\x12\x17.ragplane.v1.GetRequest\x1a\x18.ragplane.v1.GetResponse\"\x03\x90\x02\x01\x42?Z=github.com/ragplane/ragplane/clients/go/ragplanev1;ragplanev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ragplane/v1/index.proto\x12\x0bragplane.v1\x1a\x18ragplane/v1/common.proto\"\xb9\x01\n\x0bIndexParams\x12\x0e\n\x06hnsw_m\x18\x01 \x01(\x05\x12\x1c\n\x14hnsw_ef_construction\x18\x02 \x01(\x05\x12\x16\n\x0ehnsw_ef_search\x18\x03 \x01(\x05\x12\x11\n\tivf_nlist\x18\x04 \x01(\x05\x12\x12\n\nivf_nprobe\x18\x05 \x01(\x05\x12\x0c\n\x04pq_m\x18\x06 \x01(\x05\x12/\n\x0cquantization\x18\x07 \x01(\x0e\x32\x19.ragplane.v1.Quantization\"\xaa\x02\n\x17\x43reateCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x06metric\x18\x02 \x01(\x0e\x32\x13.ragplane.v1.Metric\x12*\n\nindex_type\x18\x03 \x01(\x0e\x32\x16.ragplane.v1.IndexType\x12\x0b\n\x03\x64im\x18\x04 \x01(\x05\x12(\n\x06params\x18\x05 \x01(\x0b\x32\x18.ragplane.v1.IndexParams\x12\x1a\n\rlexical_index\x18\x06 \x01(\x08H\x00\x88\x01\x01\x12,\n\x08\x63hunking\x18\x07 \x01(\x0b\x32\x15.ragplane.v1.ChunkingH\x01\x88\x01\x01\x12\x10\n\x08\x65xist_ok\x18\x08 \x01(\x08\x42\x10\n\x0e_lexical_indexB\x0b\n\t_chunking\"\xb5\x01\n\x08\x43hunking\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x12\n\nmax_tokens\x18\x02 \x01(\x05\x12\x1b\n\x0eoverlap_tokens\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12,\n\x08splitter\x18\x04 \x01(\x0e\x32\x1a.ragplane.v1.ChunkSplitter\x12\x17\n\nmin_tokens\x18\x05 \x01(\x05H\x01\x88\x01\x01\x42\x11\n\x0f_overlap_tokensB\r\n\x0b_min_tokens\"\xee\x02\n\x0e\x43ollectionInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\x12\x0b\n\x03\x64im\x18\x03 \x01(\x05\x12#\n\x06metric\x18\x04 \x01(\x0e\x32\x13.ragplane.v1.Metric\x12*\n\nindex_type\x18\x05 \x01(\x0e\x32\x16.ragplane.v1.IndexType\x12\x10\n\x08\x65mbedder\x18\x06 \x01(\t\x12\x12\n\ngeneration\x18\x07 \x01(\x03\x12\x12\n\ntombstones\x18\x08 \x01(\x03\x12(\n\x06params\x18\t \x01(\x0b\x32\x18.ragplane.v1.IndexParams\x12\x12\n\ncreated_at\x18\n \x01(\x01\x12\x15\n\rlexical_index\x18\x0b \x01(\x08\x12\'\n\x08\x63hunking\x18\x0c \x01(\x0b\x32\x15.ragplane.v1.Chunking\x12\x0e\n\x06\x63hunks\x18\r \x01(\x03\x12\x19\n\x11\x63onsistency_token\x18\x0e \x01(\t\"\'\n\x17\x44\x65leteCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"F\n\x18\x44\x65leteCollectionResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x12\x19\n\x11\x63onsistency_token\x18\x02 \x01(\t\"3\n\x16ListCollectionsRequest\x12\x19\n\x11\x63onsistency_token\x18\x01 \x01(\t\"K\n\x17ListCollectionsResponse\x12\x30\n\x0b\x63ollections\x18\x01 \x03(\x0b\x32\x1b.ragplane.v1.CollectionInfo\"D\n\x19\x44\x65scribeCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11\x63onsistency_token\x18\x02 \x01(\t\"E\n\rUpsertRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12 \n\x05items\x18\x02 \x03(\x0b\x32\x11.ragplane.v1.Item\"r\n\x0eUpsertResponse\x12\x10\n\x08upserted\x18\x01 \x01(\x03\x12\x10\n\x08\x65mbedder\x18\x02 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x03\x12\x11\n\ttruncated\x18\x04 \x01(\x03\x12\x19\n\x11\x63onsistency_token\x18\x05 \x01(\t\"z\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\"\n\x03ids\x18\x02 \x01(\x0b\x32\x13.ragplane.v1.IdListH\x00\x12%\n\x06\x66ilter\x18\x03 \x01(\x0b\x32\x13.ragplane.v1.FilterH\x00\x42\n\n\x08selector\"<\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x03\x12\x19\n\x11\x63onsistency_token\x18\x02 \x01(\t\"a\n\nGetRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\t\x12\x17\n\x0finclude_vectors\x18\x03 \x01(\x08\x12\x19\n\x11\x63onsistency_token\x18\x04 \x01(\t\"/\n\x0bGetResponse\x12 \n\x05items\x18\x01 \x03(\x0b\x32\x11.ragplane.v1.Item*Q\n\x06Metric\x12\x16\n\x12METRIC_UNSPECIFIED\x10\x00\x12\x11\n\rMETRIC_COSINE\x10\x01\x12\r\n\tMETRIC_IP\x10\x02\x12\r\n\tMETRIC_L2\x10\x03*h\n\tIndexType\x12\x1a\n\x16INDEX_TYPE_UNSPECIFIED\x10\x00\x12\x13\n\x0fINDEX_TYPE_FLAT\x10\x01\x12\x13\n\x0fINDEX_TYPE_HNSW\x10\x02\x12\x15\n\x11INDEX_TYPE_IVF_PQ\x10\x03*Z\n\x0cQuantization\x12\x1c\n\x18QUANTIZATION_UNSPECIFIED\x10\x00\x12\x15\n\x11QUANTIZATION_NONE\x10\x01\x12\x15\n\x11QUANTIZATION_INT8\x10\x02*e\n\rChunkSplitter\x12\x1e\n\x1a\x43HUNK_SPLITTER_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43HUNK_SPLITTER_TEXT\x10\x01\x12\x1b\n\x17\x43HUNK_SPLITTER_MARKDOWN\x10\x02\x32\xdd\x04\n\x0cIndexService\x12U\n\x10\x43reateCollection\x12$.ragplane.v1.CreateCollectionRequest\x1a\x1b.ragplane.v1.CollectionInfo\x12\x64\n\x10\x44\x65leteCollection\x12$.ragplane.v1.DeleteCollectionRequest\x1a%.ragplane.v1.DeleteCollectionResponse\"\x03\x90\x02\x02\x12\x61\n\x0fListCollections\x12#.ragplane.v1.ListCollectionsRequest\x1a$.ragplane.v1.ListCollectionsResponse\"\x03\x90\x02\x01\x12^\n\x12\x44\x65scribeCollection\x12&.ragplane.v1.DescribeCollectionRequest\x1a\x1b.ragplane.v1.CollectionInfo\"\x03\x90\x02\x01\x12\x46\n\x06Upsert\x12\x1a.ragplane.v1.UpsertRequest\x1a\x1b.ragplane.v1.UpsertResponse\"\x03\x90\x02\x02\x12\x46\n\x06\x44\x65lete\x12\x1a.ragplane.v1.DeleteRequest\x1a\x1b.ragplane.v1.DeleteResponse\"\x03\x90\x02\x02\x12=\n\x03Get\x12\x17.ragplane.v1.GetRequest\x1a\x18.ragplane.v1.GetResponse\"\x03\x90\x02\x01\x42?Z=github.com/ragplane/ragplane/clients/go/ragplanev1;ragplanev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,42 +46,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INDEXSERVICE'].methods_by_name['Delete']._serialized_options = b'\220\002\002'
   _globals['_INDEXSERVICE'].methods_by_name['Get']._loaded_options = None
   _globals['_INDEXSERVICE'].methods_by_name['Get']._serialized_options = b'\220\002\001'
-  _globals['_METRIC']._serialized_start=1875
-  _globals['_METRIC']._serialized_end=1956
-  _globals['_INDEXTYPE']._serialized_start=1958
-  _globals['_INDEXTYPE']._serialized_end=2062
-  _globals['_CHUNKSPLITTER']._serialized_start=2064
-  _globals['_CHUNKSPLITTER']._serialized_end=2165
+  _globals['_METRIC']._serialized_start=1942
+  _globals['_METRIC']._serialized_end=2023
+  _globals['_INDEXTYPE']._serialized_start=2025
+  _globals['_INDEXTYPE']._serialized_end=2129
+  _globals['_QUANTIZATION']._serialized_start=2131
+  _globals['_QUANTIZATION']._serialized_end=2221
+  _globals['_CHUNKSPLITTER']._serialized_start=2223
+  _globals['_CHUNKSPLITTER']._serialized_end=2324
   _globals['_INDEXPARAMS']._serialized_start=67
-  _globals['_INDEXPARAMS']._serialized_end=203
-  _globals['_CREATECOLLECTIONREQUEST']._serialized_start=206
-  _globals['_CREATECOLLECTIONREQUEST']._serialized_end=486
-  _globals['_CHUNKING']._serialized_start=489
-  _globals['_CHUNKING']._serialized_end=670
-  _globals['_COLLECTIONINFO']._serialized_start=673
-  _globals['_COLLECTIONINFO']._serialized_end=1039
-  _globals['_DELETECOLLECTIONREQUEST']._serialized_start=1041
-  _globals['_DELETECOLLECTIONREQUEST']._serialized_end=1080
-  _globals['_DELETECOLLECTIONRESPONSE']._serialized_start=1082
-  _globals['_DELETECOLLECTIONRESPONSE']._serialized_end=1152
-  _globals['_LISTCOLLECTIONSREQUEST']._serialized_start=1154
-  _globals['_LISTCOLLECTIONSREQUEST']._serialized_end=1205
-  _globals['_LISTCOLLECTIONSRESPONSE']._serialized_start=1207
-  _globals['_LISTCOLLECTIONSRESPONSE']._serialized_end=1282
-  _globals['_DESCRIBECOLLECTIONREQUEST']._serialized_start=1284
-  _globals['_DESCRIBECOLLECTIONREQUEST']._serialized_end=1352
-  _globals['_UPSERTREQUEST']._serialized_start=1354
-  _globals['_UPSERTREQUEST']._serialized_end=1423
-  _globals['_UPSERTRESPONSE']._serialized_start=1425
-  _globals['_UPSERTRESPONSE']._serialized_end=1539
-  _globals['_DELETEREQUEST']._serialized_start=1541
-  _globals['_DELETEREQUEST']._serialized_end=1663
-  _globals['_DELETERESPONSE']._serialized_start=1665
-  _globals['_DELETERESPONSE']._serialized_end=1725
-  _globals['_GETREQUEST']._serialized_start=1727
-  _globals['_GETREQUEST']._serialized_end=1824
-  _globals['_GETRESPONSE']._serialized_start=1826
-  _globals['_GETRESPONSE']._serialized_end=1873
-  _globals['_INDEXSERVICE']._serialized_start=2168
-  _globals['_INDEXSERVICE']._serialized_end=2773
+  _globals['_INDEXPARAMS']._serialized_end=252
+  _globals['_CREATECOLLECTIONREQUEST']._serialized_start=255
+  _globals['_CREATECOLLECTIONREQUEST']._serialized_end=553
+  _globals['_CHUNKING']._serialized_start=556
+  _globals['_CHUNKING']._serialized_end=737
+  _globals['_COLLECTIONINFO']._serialized_start=740
+  _globals['_COLLECTIONINFO']._serialized_end=1106
+  _globals['_DELETECOLLECTIONREQUEST']._serialized_start=1108
+  _globals['_DELETECOLLECTIONREQUEST']._serialized_end=1147
+  _globals['_DELETECOLLECTIONRESPONSE']._serialized_start=1149
+  _globals['_DELETECOLLECTIONRESPONSE']._serialized_end=1219
+  _globals['_LISTCOLLECTIONSREQUEST']._serialized_start=1221
+  _globals['_LISTCOLLECTIONSREQUEST']._serialized_end=1272
+  _globals['_LISTCOLLECTIONSRESPONSE']._serialized_start=1274
+  _globals['_LISTCOLLECTIONSRESPONSE']._serialized_end=1349
+  _globals['_DESCRIBECOLLECTIONREQUEST']._serialized_start=1351
+  _globals['_DESCRIBECOLLECTIONREQUEST']._serialized_end=1419
+  _globals['_UPSERTREQUEST']._serialized_start=1421
+  _globals['_UPSERTREQUEST']._serialized_end=1490
+  _globals['_UPSERTRESPONSE']._serialized_start=1492
+  _globals['_UPSERTRESPONSE']._serialized_end=1606
+  _globals['_DELETEREQUEST']._serialized_start=1608
+  _globals['_DELETEREQUEST']._serialized_end=1730
+  _globals['_DELETERESPONSE']._serialized_start=1732
+  _globals['_DELETERESPONSE']._serialized_end=1792
+  _globals['_GETREQUEST']._serialized_start=1794
+  _globals['_GETREQUEST']._serialized_end=1891
+  _globals['_GETRESPONSE']._serialized_start=1893
+  _globals['_GETRESPONSE']._serialized_end=1940
+  _globals['_INDEXSERVICE']._serialized_start=2327
+  _globals['_INDEXSERVICE']._serialized_end=2932
 # @@protoc_insertion_point(module_scope)

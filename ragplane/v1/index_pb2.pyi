@@ -23,6 +23,12 @@ class IndexType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INDEX_TYPE_HNSW: _ClassVar[IndexType]
     INDEX_TYPE_IVF_PQ: _ClassVar[IndexType]
 
+class Quantization(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    QUANTIZATION_UNSPECIFIED: _ClassVar[Quantization]
+    QUANTIZATION_NONE: _ClassVar[Quantization]
+    QUANTIZATION_INT8: _ClassVar[Quantization]
+
 class ChunkSplitter(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CHUNK_SPLITTER_UNSPECIFIED: _ClassVar[ChunkSplitter]
@@ -36,28 +42,33 @@ INDEX_TYPE_UNSPECIFIED: IndexType
 INDEX_TYPE_FLAT: IndexType
 INDEX_TYPE_HNSW: IndexType
 INDEX_TYPE_IVF_PQ: IndexType
+QUANTIZATION_UNSPECIFIED: Quantization
+QUANTIZATION_NONE: Quantization
+QUANTIZATION_INT8: Quantization
 CHUNK_SPLITTER_UNSPECIFIED: ChunkSplitter
 CHUNK_SPLITTER_TEXT: ChunkSplitter
 CHUNK_SPLITTER_MARKDOWN: ChunkSplitter
 
 class IndexParams(_message.Message):
-    __slots__ = ("hnsw_m", "hnsw_ef_construction", "hnsw_ef_search", "ivf_nlist", "ivf_nprobe", "pq_m")
+    __slots__ = ("hnsw_m", "hnsw_ef_construction", "hnsw_ef_search", "ivf_nlist", "ivf_nprobe", "pq_m", "quantization")
     HNSW_M_FIELD_NUMBER: _ClassVar[int]
     HNSW_EF_CONSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     HNSW_EF_SEARCH_FIELD_NUMBER: _ClassVar[int]
     IVF_NLIST_FIELD_NUMBER: _ClassVar[int]
     IVF_NPROBE_FIELD_NUMBER: _ClassVar[int]
     PQ_M_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     hnsw_m: int
     hnsw_ef_construction: int
     hnsw_ef_search: int
     ivf_nlist: int
     ivf_nprobe: int
     pq_m: int
-    def __init__(self, hnsw_m: _Optional[int] = ..., hnsw_ef_construction: _Optional[int] = ..., hnsw_ef_search: _Optional[int] = ..., ivf_nlist: _Optional[int] = ..., ivf_nprobe: _Optional[int] = ..., pq_m: _Optional[int] = ...) -> None: ...
+    quantization: Quantization
+    def __init__(self, hnsw_m: _Optional[int] = ..., hnsw_ef_construction: _Optional[int] = ..., hnsw_ef_search: _Optional[int] = ..., ivf_nlist: _Optional[int] = ..., ivf_nprobe: _Optional[int] = ..., pq_m: _Optional[int] = ..., quantization: _Optional[_Union[Quantization, str]] = ...) -> None: ...
 
 class CreateCollectionRequest(_message.Message):
-    __slots__ = ("name", "metric", "index_type", "dim", "params", "lexical_index", "chunking")
+    __slots__ = ("name", "metric", "index_type", "dim", "params", "lexical_index", "chunking", "exist_ok")
     NAME_FIELD_NUMBER: _ClassVar[int]
     METRIC_FIELD_NUMBER: _ClassVar[int]
     INDEX_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +76,7 @@ class CreateCollectionRequest(_message.Message):
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     LEXICAL_INDEX_FIELD_NUMBER: _ClassVar[int]
     CHUNKING_FIELD_NUMBER: _ClassVar[int]
+    EXIST_OK_FIELD_NUMBER: _ClassVar[int]
     name: str
     metric: Metric
     index_type: IndexType
@@ -72,7 +84,8 @@ class CreateCollectionRequest(_message.Message):
     params: IndexParams
     lexical_index: bool
     chunking: Chunking
-    def __init__(self, name: _Optional[str] = ..., metric: _Optional[_Union[Metric, str]] = ..., index_type: _Optional[_Union[IndexType, str]] = ..., dim: _Optional[int] = ..., params: _Optional[_Union[IndexParams, _Mapping]] = ..., lexical_index: _Optional[bool] = ..., chunking: _Optional[_Union[Chunking, _Mapping]] = ...) -> None: ...
+    exist_ok: bool
+    def __init__(self, name: _Optional[str] = ..., metric: _Optional[_Union[Metric, str]] = ..., index_type: _Optional[_Union[IndexType, str]] = ..., dim: _Optional[int] = ..., params: _Optional[_Union[IndexParams, _Mapping]] = ..., lexical_index: _Optional[bool] = ..., chunking: _Optional[_Union[Chunking, _Mapping]] = ..., exist_ok: _Optional[bool] = ...) -> None: ...
 
 class Chunking(_message.Message):
     __slots__ = ("enabled", "max_tokens", "overlap_tokens", "splitter", "min_tokens")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ragplane.core.errors import InvalidArgument
+from ragplane.index.pg.log import redact
 from ragplane.index.types import Condition, Filter, FilterOp
-from ragplane.server.console.pages import redact
 from ragplane.server.console.playground import CONTEXT, parse_filter, segments
 from ragplane.server.console.series import grid
 
@@ -49,5 +49,8 @@ def test_grid_ends_at_every_timing_and_stays_small():
 
 
 def test_store_urls_lose_their_password():
-    assert redact("postgresql://rp:s3cret@db:5432/rag") == "postgresql://rp:***@db:5432/rag"
-    assert redact("postgresql://db/rag") == "postgresql://db/rag"
+    """What the store page shows of a PostgreSQL store (Backend.where) names it without
+    the password."""
+    assert redact("postgresql://rp:s3cret@db:5432/rag") == "postgresql://rp@db:5432/rag"
+    assert redact("postgresql://db/rag") == "postgresql://@db:5432/rag"
+    assert "s3cret" not in redact("host=db dbname=rag user=rp password=s3cret")

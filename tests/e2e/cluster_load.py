@@ -5,24 +5,41 @@ and what was acknowledged is kept to be read back afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import numpy as np
 
-from ragplane.testkit.harness import Stubs
+from ragplane.testkit.harness import Stubs, SubprocessServer
 from ragplane.testkit.postgres import until
 from ragplane.v1 import common_pb2, index_pb2, memory_pb2
 
 DIM = 16
 SHARED_IDS = 40  # ids that every server writes: the same rows, from different servers
 BATCH = 10
+
+
+
+@contextlib.contextmanager
+def servers_on(url: str, folder: Path, n: int) -> Iterator[list[SubprocessServer]]:
+    """`n` servers sharing the PostgreSQL store at `url`, started, and stopped after."""
+    servers = [SubprocessServer(folder / f"s{i}", "--set", f"store={url}") for i in range(n)]
+    try:
+        for s in servers:
+            s.start()
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ragplane.testkit.harness import Stubs, SubprocessServer
+from ragplane.testkit.harness import Stubs
 from ragplane.testkit.postgres import available, until
 from ragplane.v1 import common_pb2, index_pb2, memory_pb2, search_pb2
-from tests.e2e.cluster_load import Load, crash, read_back
+from tests.e2e.cluster_load import Load, crash, read_back, servers_on
 
 pytestmark = pytest.mark.skipif(
     not available(),
@@ -30,13 +30,8 @@ DIM = 16
 
 @pytest.fixture
 def cluster(pg, tmp_path, request):
-    url = pg.create_database("c_" + request.node.name.lower()[:40])
-    servers = [SubprocessServer(tmp_path / f"s{i}", "--set", f"store={url}") for i in range(3)]
-    for s in servers:
-        s.start()
-    yield servers
-    for s in servers:
-        s.stop()
+    with servers_on(pg.create_database("c_" + request.node.name.lower()[:40]), tmp_path, 3) as s:
+        yield s
 
 
 def vec_items(n: int, start: int = 0, seed: int = 0) -> list[common_pb2.Item]:
@@ -226,7 +221,7 @@ def test_postgres_stopped_is_unavailable_with_retry_after_then_served_again(pg, 
     health = health_pb2_grpc.HealthStub(b.stubs.channel)
     pg.pg_ctl("stop")
     try:
-        time.sleep(1.6)  # past the replica's staleness bound
+        time.sleep(1.6)  # past the follower's staleness bound
         for s in (a, b):
             codes, worst = _call_times(s.stubs)
             assert codes == [grpc.StatusCode.UNAVAILABLE] * 4, codes
@@ -245,7 +240,7 @@ def test_postgres_stopped_is_unavailable_with_retry_after_then_served_again(pg, 
         time.sleep(0.5)
     assert codes == [grpc.StatusCode.OK] * 4, codes
     serving = health_pb2.HealthCheckResponse.SERVING
-    deadline = time.monotonic() + 5  # the health state follows the replica every 0.25 s
+    deadline = time.monotonic() + 5  # the health state follows the follower every 0.25 s
     while health.Check(health_pb2.HealthCheckRequest()).status != serving:
         assert time.monotonic() < deadline, "health did not come back to SERVING"
         time.sleep(0.1)
@@ -373,10 +368,10 @@ def test_a_collection_made_a_moment_ago_elsewhere_is_found_without_a_token(pg, t
     a = InProcessServer(tmp_path / "a", store=url)
     b = InProcessServer(tmp_path / "b", store=url)
     try:
-        replica = b.runtime.engine.replica
-        replica._stop.set()
-        replica._thread.join(timeout=10)
-        replica.last_contact = float("inf")  # healthy as far as the check goes
+        follower = b.runtime.backend.follower
+        follower._stop.set()
+        follower._thread.join(timeout=10)
+        follower.last_contact = float("inf")  # healthy as far as the check goes
         a.stubs.index.CreateCollection(index_pb2.CreateCollectionRequest(name="fresh", dim=DIM))
         got = b.stubs.index.Get(index_pb2.GetRequest(collection="fresh", ids=["v2"]))
         assert list(got.items) == []

@@ -1,13 +1,17 @@
-"""grpcurl through server reflection: `list` names every service, and a real Embed call over
-JSON returns what the Python stub gets. grpcurl is a Go tool that
-`scripts/install_tools.sh` installs (pinned) into .tools/bin; a grpcurl on PATH also works."""
+"""grpcurl through server reflection: `list` names every service, a real Embed call over
+JSON returns what the Python stub gets, and the README's grpcurl snippets run as written
+(twice, with the same output). grpcurl is a Go tool that `scripts/install_tools.sh`
+installs (pinned) into .tools/bin; a grpcurl on PATH also works."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -138,3 +142,78 @@ def test_hybrid_search_as_the_readme_shows(server):
     assert hybrid["hits"][0]["id"] == "2" and len(hybrid["hits"]) == 2
     for h in hybrid["hits"] + weighted["hits"]:
         assert _field(h, "fused_score") is not None and _field(h, "dense_score") is not None
+
+
+def _readme_shell_blocks() -> list[str]:
+    """Every ```sh block of README.md that calls grpcurl, in the README's order (the later
+    ones use the collection the first creates)."""
+    text = (ROOT / "README.md").read_text()
+    return [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "grpcurl" in b]
+
+
+def _replies(out: str) -> list:
+    """grpcurl's output as its replies: each JSON object parsed, other lines (`list`) kept."""
+    dec, got, i = json.JSONDecoder(), [], 0
+    while i < len(out):
+        if out[i].isspace():
+            i += 1
+        elif out[i] == "{":
+            obj, i = dec.raw_decode(out, i)
+            got.append(obj)
+        else:
+            end = out.find("\n", i)
+            end = len(out) if end < 0 else end
+            got.append(out[i:end])
+            i = end
+    return got
+
+
+def _pop_token(reply: dict) -> str | None:
+    token = None
+    for key in ("consistency_token", "consistencyToken"):
+        token = reply.pop(key, None) or token
+    return token
+
+
+def _position(token: str) -> int:
+    return int(token.rsplit(".", 1)[1])
+
+
+@requires_grpcurl
+def test_every_grpcurl_snippet_runs_twice_with_the_same_output(server):
+    """Each of the README's grpcurl blocks runs verbatim in bash (but for the port) twice in
+    a row against one server, in the README's order: no ALREADY_EXISTS (CreateCollection
+    asks exist_ok), no duplicate items, the same replies. A CreateCollection reply describes
+    the collection as it is, so only its counters differ: the items its block wrote once."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(GRPCURL).parent), str(Path(sys.executable).parent),
+                                   env["PATH"]])
+    blocks = [b.replace("127.0.0.1:50051", f"127.0.0.1:{server.port}")
+              for b in _readme_shell_blocks()]
+    assert len(blocks) >= 3, "the README's grpcurl blocks moved"
+    counts: dict[str, tuple] = {}
+    for block in blocks:
+        first, second = (_run_block(block, env) for _ in range(2))
+        assert len(first) == len(second), block
+        for a, b in zip(first, second, strict=True):
+            if isinstance(a, dict) and isinstance(b, dict):
+                # a PostgreSQL store's replies name the position they reflect: later the
+                # second time (the embedded store sends none)
+                ta, tb = (_pop_token(x) for x in (a, b))
+                assert (ta is None) == (tb is None), block
+                if ta is not None:
+                    assert _position(tb) >= _position(ta), (ta, tb)
+            if isinstance(a, dict) and _field(a, "created_at"):  # a CreateCollection reply
+                counts[a["name"]] = (a.pop("count", "0"), b.pop("count"), b.pop("chunks"))
+                a.pop("chunks", None)
+            assert a == b, block
+    # created empty the first time, found holding the block's one document the second
+    assert counts == {"docs": ("0", "1", "1"), "manual": ("0", "1", counts["manual"][2])}
+    assert int(counts["manual"][2]) > 1  # the manual's section, chunked
+
+
+def _run_block(block: str, env: dict[str, str]) -> list:
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", block], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 0, f"README block failed ({r.returncode}):\n{block}\n{r.stderr}"
+    return _replies(r.stdout)

@@ -287,6 +287,24 @@ def test_missing_collection_is_not_found_and_duplicate_is_already_exists(server)
     assert code == grpc.StatusCode.ALREADY_EXISTS
 
 
+def test_exist_ok_gets_the_collection_asked_for_and_never_another(server):
+    s = server.stubs
+    req = index_pb2.CreateCollectionRequest
+    made = s.index.CreateCollection(req(name="c", exist_ok=True))
+    item = common_pb2.Item(id="1", text="x")
+    s.index.Upsert(index_pb2.UpsertRequest(collection="c", items=[item]))
+    again = s.index.CreateCollection(req(name="c", exist_ok=True))
+    assert again.count == 1 and again.created_at == made.created_at and again.dim == made.dim
+    for other in (req(name="c", exist_ok=True, metric=index_pb2.METRIC_L2),
+                  req(name="c", exist_ok=True, lexical_index=False),
+                  req(name="c", exist_ok=True, chunking=index_pb2.Chunking(enabled=False)),
+                  req(name="c", exist_ok=True, dim=8)):
+        code, details = code_of(lambda o=other: s.index.CreateCollection(o))
+        assert code == grpc.StatusCode.ALREADY_EXISTS and "'c'" in details, (other, details)
+    code, _ = code_of(lambda: s.index.CreateCollection(req(name="c")))
+    assert code == grpc.StatusCode.ALREADY_EXISTS
+
+
 def test_invalid_utf8_gets_invalid_argument(server):
     # proto3 strings must be UTF-8: send raw bytes through a generic call.
     raw = b"\x0a\x03\xff\xfe\xfd"  # field 1 (texts), 3 bytes of invalid UTF-8

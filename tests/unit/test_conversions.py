@@ -19,7 +19,9 @@ from ragplane.index.types import (
     IndexParams,
     IndexType,
     Metric,
+    Quantization,
     Record,
+    SearchKnobs,
     SearchMode,
     SearchResult,
 )
@@ -182,3 +184,24 @@ def test_shadow_case_round_trip_with_classes_and_watch():
         barred="1 shadow error(s)", watch_releases=(rel,),
     )  # fmt: skip
     assert conv.shadow_case_from_pb(conv.shadow_case_to_pb(case)) == case
+
+
+def test_search_params_round_trip_and_unset_fields_stay_unset():
+    for knobs in (SearchKnobs(), SearchKnobs(ef_search=64), SearchKnobs(nprobe=3),
+                  SearchKnobs(exact=True), SearchKnobs(oversampling=2.5),
+                  SearchKnobs(ef_search=1, nprobe=2, exact=True, oversampling=4.0)):
+        req = search_pb2.SearchRequest(collection="c", params=conv_search.knobs_to_pb(knobs))
+        assert conv_search.knobs_from_pb(req) == knobs
+    assert conv_search.knobs_from_pb(search_pb2.SearchRequest(collection="c")) is None
+    # zero is a value (refused by the engine), not "unset"
+    zero = search_pb2.SearchRequest(params=search_pb2.SearchParams(ef_search=0))
+    assert conv_search.knobs_from_pb(zero) == SearchKnobs(ef_search=0)
+
+
+def test_index_params_quantization_round_trip():
+    for q in Quantization:
+        p = IndexParams(hnsw_m=8, quantization=q)
+        assert conv.params_from_pb(conv.params_to_pb(p)) == p
+    assert conv.params_from_pb(index_pb2.IndexParams()).quantization == Quantization.NONE
+    with pytest.raises(InvalidArgument, match="quantization 99 is unknown"):
+        conv.params_from_pb(index_pb2.IndexParams(quantization=99))

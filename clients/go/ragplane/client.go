@@ -219,6 +219,26 @@ func (c *Client) SearchWithMode(ctx context.Context, collection, text string, to
 	return r.GetHits(), nil
 }
 
+// SearchWithParams is Search with this request's search parameters (dense mode): EfSearch
+// (HNSW), Nprobe (IVF_PQ), Exact (brute force over the live items) and Oversampling
+// (quantized and IVF_PQ collections rescore topK x oversampling candidates). Unset fields
+// take the collection's defaults; one that does not apply to its index is refused with
+// codes.InvalidArgument. The optional fields are pointers: proto.Int32(256),
+// proto.Float32(4).
+func (c *Client) SearchWithParams(ctx context.Context, collection, text string, topK int, params *pb.SearchParams) ([]*pb.Hit, error) {
+	r, err := c.SearchService.Search(ctx, &pb.SearchRequest{
+		Collection:  collection,
+		Query:       &pb.SearchRequest_Text{Text: text},
+		TopK:        int32(topK),
+		IncludeText: true,
+		Params:      params,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetHits(), nil
+}
+
 // Remember stores a memory in namespace and returns its id; when a near-identical memory
 // exists, that one is updated and Deduplicated is true. Use c.MemoryService.Remember for
 // metadata, importance and a TTL.

@@ -373,3 +373,50 @@ func selfSignedCert(t *testing.T) (certPEM, keyPEM []byte) {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
 }
+
+// SearchWithParams sends the request's search parameters: exact is brute force (the
+// result says so), and a parameter that does not apply to the index is InvalidArgument.
+func TestSearchWithParams(t *testing.T) {
+	addr := startServer(t)
+	c, err := ragplane.Dial(addr, ragplane.Options{APIKey: os.Getenv("RAGPLANE_API_KEY"), AllowPlaintextKey: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	name := fmt.Sprintf("go_params_%d", time.Now().UnixNano())
+	if _, err := c.IndexService.CreateCollection(ctx, &pb.CreateCollectionRequest{
+		Name: name, IndexType: pb.IndexType_INDEX_TYPE_HNSW,
+		Params: &pb.IndexParams{Quantization: pb.Quantization_QUANTIZATION_INT8},
+	}); err != nil {
+		t.Fatalf("CreateCollection: %v", err)
+	}
+	var items []*pb.Item
+	for i, text := range []string{"the cat sat on the mat", "sorting a list in python", "stock markets fell"} {
+		it, err := ragplane.Item(strconv.Itoa(i), text, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		items = append(items, it)
+	}
+	if _, err := c.Upsert(ctx, name, items...); err != nil {
+		t.Fatalf("Upsert: %v", err)
+	}
+	exact, err := c.SearchWithParams(ctx, name, "sorting a list in python", 2, &pb.SearchParams{Exact: true})
+	if err != nil || len(exact) != 2 || exact[0].GetId() != "1" {
+		t.Fatalf("SearchWithParams exact: %v, %v", exact, err)
+	}
+	ef := int32(64)
+	over := float32(2)
+	tuned, err := c.SearchWithParams(ctx, name, "sorting a list in python", 2, &pb.SearchParams{EfSearch: &ef, Oversampling: &over})
+	if err != nil || len(tuned) != 2 || tuned[0].GetId() != "1" {
+		t.Fatalf("SearchWithParams ef_search: %v, %v", tuned, err)
+	}
+	probe := int32(4)
+	_, err = c.SearchWithParams(ctx, name, "x", 2, &pb.SearchParams{Nprobe: &probe})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "nprobe applies to ivf_pq") {
+		t.Fatalf("nprobe on hnsw: %v (want INVALID_ARGUMENT naming ivf_pq)", err)
+	}
+}

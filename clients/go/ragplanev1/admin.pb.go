@@ -29,7 +29,10 @@ type RebuildRequest struct {
 	Params    *IndexParams `protobuf:"bytes,3,opt,name=params,proto3" json:"params,omitempty"`
 	// Re-embed every item's text with the current embedder (implied when it changed).
 	Reembed bool `protobuf:"varint,4,opt,name=reembed,proto3" json:"reembed,omitempty"`
-	// Refuse the swap when recall@10 on a sample is below this (0 = server default 0.95).
+	// Refuse the swap when recall@10 is below this (0 = server default 0.95). It is measured
+	// against exact search with up to 500 of the collection's items as queries, held out of
+	// the new index until then (an indexed vector would find itself and flatter the index),
+	// with the search served by default (rescoring included).
 	MinRecall     float64 `protobuf:"fixed64,5,opt,name=min_recall,json=minRecall,proto3" json:"min_recall,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1012,6 +1015,7 @@ type ClassEvidence struct {
 	Sampled        int64                  `protobuf:"varint,17,opt,name=sampled,proto3" json:"sampled,omitempty"` // batches = sampled + skipped_busy + dropped (offered)
 	SkippedBusy    int64                  `protobuf:"varint,18,opt,name=skipped_busy,json=skippedBusy,proto3" json:"skipped_busy,omitempty"`
 	BusySampled    int64                  `protobuf:"varint,19,opt,name=busy_sampled,json=busySampled,proto3" json:"busy_sampled,omitempty"`
+	AaBbLower      float64                `protobuf:"fixed64,20,opt,name=aa_bb_lower,json=aaBbLower,proto3" json:"aa_bb_lower,omitempty"` // lower 95% bound of aa / bb; 0: too few batches to bound
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -1175,6 +1179,13 @@ func (x *ClassEvidence) GetSkippedBusy() int64 {
 func (x *ClassEvidence) GetBusySampled() int64 {
 	if x != nil {
 		return x.BusySampled
+	}
+	return 0
+}
+
+func (x *ClassEvidence) GetAaBbLower() float64 {
+	if x != nil {
+		return x.AaBbLower
 	}
 	return 0
 }
@@ -2192,7 +2203,7 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\asampled\x18\x18 \x01(\x03R\asampled\x12\x1a\n" +
 	"\bcompared\x18\x19 \x01(\x03R\bcompared\x12!\n" +
 	"\fskipped_busy\x18\x1a \x01(\x03R\vskippedBusy\x12!\n" +
-	"\fbusy_sampled\x18\x1b \x01(\x03R\vbusySampled\"\xc9\x04\n" +
+	"\fbusy_sampled\x18\x1b \x01(\x03R\vbusySampled\"\xe9\x04\n" +
 	"\rClassEvidence\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\abatches\x18\x02 \x01(\x03R\abatches\x12\x14\n" +
@@ -2216,7 +2227,8 @@ const file_ragplane_v1_admin_proto_rawDesc = "" +
 	"\rbb_time_ratio\x18\x10 \x01(\x01R\vbbTimeRatio\x12\x18\n" +
 	"\asampled\x18\x11 \x01(\x03R\asampled\x12!\n" +
 	"\fskipped_busy\x18\x12 \x01(\x03R\vskippedBusy\x12!\n" +
-	"\fbusy_sampled\x18\x13 \x01(\x03R\vbusySampled\"}\n" +
+	"\fbusy_sampled\x18\x13 \x01(\x03R\vbusySampled\x12\x1e\n" +
+	"\vaa_bb_lower\x18\x14 \x01(\x01R\taaBbLower\"}\n" +
 	"\tFlipEvent\x12\x0e\n" +
 	"\x02at\x18\x01 \x01(\x01R\x02at\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12\x18\n" +

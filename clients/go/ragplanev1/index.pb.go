@@ -125,6 +125,62 @@ func (IndexType) EnumDescriptor() ([]byte, []int) {
 	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{1}
 }
 
+// How a flat or HNSW collection holds its vectors in memory. A quantized index keeps
+// compact codes for the search and the float vectors in the store, which rescores the
+// candidates exactly (SearchParams.oversampling): Qdrant's quantization with rescoring.
+type Quantization int32
+
+const (
+	Quantization_QUANTIZATION_UNSPECIFIED Quantization = 0 // none
+	Quantization_QUANTIZATION_NONE        Quantization = 1 // float32: 4 bytes per dimension
+	// int8 scalar quantization (FAISS's SQ8, a range per dimension learnt from the
+	// collection's vectors): 1 byte per dimension, a quarter of float32. Trained at a
+	// rebuild over at least 1,000 vectors; until then the collection serves float vectors
+	// (CollectionInfo.params.quantization says which is serving).
+	Quantization_QUANTIZATION_INT8 Quantization = 2
+)
+
+// Enum value maps for Quantization.
+var (
+	Quantization_name = map[int32]string{
+		0: "QUANTIZATION_UNSPECIFIED",
+		1: "QUANTIZATION_NONE",
+		2: "QUANTIZATION_INT8",
+	}
+	Quantization_value = map[string]int32{
+		"QUANTIZATION_UNSPECIFIED": 0,
+		"QUANTIZATION_NONE":        1,
+		"QUANTIZATION_INT8":        2,
+	}
+)
+
+func (x Quantization) Enum() *Quantization {
+	p := new(Quantization)
+	*p = x
+	return p
+}
+
+func (x Quantization) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Quantization) Descriptor() protoreflect.EnumDescriptor {
+	return file_ragplane_v1_index_proto_enumTypes[2].Descriptor()
+}
+
+func (Quantization) Type() protoreflect.EnumType {
+	return &file_ragplane_v1_index_proto_enumTypes[2]
+}
+
+func (x Quantization) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Quantization.Descriptor instead.
+func (Quantization) EnumDescriptor() ([]byte, []int) {
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{2}
+}
+
 type ChunkSplitter int32
 
 const (
@@ -160,11 +216,11 @@ func (x ChunkSplitter) String() string {
 }
 
 func (ChunkSplitter) Descriptor() protoreflect.EnumDescriptor {
-	return file_ragplane_v1_index_proto_enumTypes[2].Descriptor()
+	return file_ragplane_v1_index_proto_enumTypes[3].Descriptor()
 }
 
 func (ChunkSplitter) Type() protoreflect.EnumType {
-	return &file_ragplane_v1_index_proto_enumTypes[2]
+	return &file_ragplane_v1_index_proto_enumTypes[3]
 }
 
 func (x ChunkSplitter) Number() protoreflect.EnumNumber {
@@ -173,20 +229,22 @@ func (x ChunkSplitter) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ChunkSplitter.Descriptor instead.
 func (ChunkSplitter) EnumDescriptor() ([]byte, []int) {
-	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{2}
+	return file_ragplane_v1_index_proto_rawDescGZIP(), []int{3}
 }
 
 // Index parameters; zero means the server's default.
 type IndexParams struct {
 	state              protoimpl.MessageState `protogen:"open.v1"`
 	HnswM              int32                  `protobuf:"varint,1,opt,name=hnsw_m,json=hnswM,proto3" json:"hnsw_m,omitempty"`                                          // graph degree (default 32)
-	HnswEfConstruction int32                  `protobuf:"varint,2,opt,name=hnsw_ef_construction,json=hnswEfConstruction,proto3" json:"hnsw_ef_construction,omitempty"` // default 200
+	HnswEfConstruction int32                  `protobuf:"varint,2,opt,name=hnsw_ef_construction,json=hnswEfConstruction,proto3" json:"hnsw_ef_construction,omitempty"` // default 128
 	HnswEfSearch       int32                  `protobuf:"varint,3,opt,name=hnsw_ef_search,json=hnswEfSearch,proto3" json:"hnsw_ef_search,omitempty"`                   // default 128
 	IvfNlist           int32                  `protobuf:"varint,4,opt,name=ivf_nlist,json=ivfNlist,proto3" json:"ivf_nlist,omitempty"`                                 // default: about sqrt(count)
-	IvfNprobe          int32                  `protobuf:"varint,5,opt,name=ivf_nprobe,json=ivfNprobe,proto3" json:"ivf_nprobe,omitempty"`                              // default 16
-	PqM                int32                  `protobuf:"varint,6,opt,name=pq_m,json=pqM,proto3" json:"pq_m,omitempty"`                                                // sub-quantizers (default dim / 8)
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	IvfNprobe          int32                  `protobuf:"varint,5,opt,name=ivf_nprobe,json=ivfNprobe,proto3" json:"ivf_nprobe,omitempty"`                              // default nlist / 4, at least 8
+	PqM                int32                  `protobuf:"varint,6,opt,name=pq_m,json=pqM,proto3" json:"pq_m,omitempty"`                                                // sub-quantizers (default: 2 dimensions each, at most 64)
+	// flat and hnsw only (ivf_pq already stores product-quantized codes).
+	Quantization  Quantization `protobuf:"varint,7,opt,name=quantization,proto3,enum=ragplane.v1.Quantization" json:"quantization,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *IndexParams) Reset() {
@@ -261,6 +319,13 @@ func (x *IndexParams) GetPqM() int32 {
 	return 0
 }
 
+func (x *IndexParams) GetQuantization() Quantization {
+	if x != nil {
+		return x.Quantization
+	}
+	return Quantization_QUANTIZATION_UNSPECIFIED
+}
+
 type CreateCollectionRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -275,7 +340,12 @@ type CreateCollectionRequest struct {
 	LexicalIndex *bool `protobuf:"varint,6,opt,name=lexical_index,json=lexicalIndex,proto3,oneof" json:"lexical_index,omitempty"`
 	// How item text longer than the embedder's window is split before embedding; unset = on,
 	// sized to the window of the collection's embedder (see Chunking).
-	Chunking      *Chunking `protobuf:"bytes,7,opt,name=chunking,proto3,oneof" json:"chunking,omitempty"`
+	Chunking *Chunking `protobuf:"bytes,7,opt,name=chunking,proto3,oneof" json:"chunking,omitempty"`
+	// Get-or-create: when the name is taken by the collection this request would create (the
+	// same metric, index type, dim, embedder, params, lexical index and chunking), reply with
+	// it instead of ALREADY_EXISTS, so a script can run twice. A collection of that name with
+	// other settings is still ALREADY_EXISTS, naming the first setting that differs.
+	ExistOk       bool `protobuf:"varint,8,opt,name=exist_ok,json=existOk,proto3" json:"exist_ok,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -357,6 +427,13 @@ func (x *CreateCollectionRequest) GetChunking() *Chunking {
 		return x.Chunking
 	}
 	return nil
+}
+
+func (x *CreateCollectionRequest) GetExistOk() bool {
+	if x != nil {
+		return x.ExistOk
+	}
+	return false
 }
 
 // Chunking: an item whose text is longer than `max_tokens` tokens (counted with the
@@ -1242,7 +1319,7 @@ var File_ragplane_v1_index_proto protoreflect.FileDescriptor
 
 const file_ragplane_v1_index_proto_rawDesc = "" +
 	"\n" +
-	"\x17ragplane/v1/index.proto\x12\vragplane.v1\x1a\x18ragplane/v1/common.proto\"\xcb\x01\n" +
+	"\x17ragplane/v1/index.proto\x12\vragplane.v1\x1a\x18ragplane/v1/common.proto\"\x8a\x02\n" +
 	"\vIndexParams\x12\x15\n" +
 	"\x06hnsw_m\x18\x01 \x01(\x05R\x05hnswM\x120\n" +
 	"\x14hnsw_ef_construction\x18\x02 \x01(\x05R\x12hnswEfConstruction\x12$\n" +
@@ -1250,7 +1327,8 @@ const file_ragplane_v1_index_proto_rawDesc = "" +
 	"\tivf_nlist\x18\x04 \x01(\x05R\bivfNlist\x12\x1d\n" +
 	"\n" +
 	"ivf_nprobe\x18\x05 \x01(\x05R\tivfNprobe\x12\x11\n" +
-	"\x04pq_m\x18\x06 \x01(\x05R\x03pqM\"\xd6\x02\n" +
+	"\x04pq_m\x18\x06 \x01(\x05R\x03pqM\x12=\n" +
+	"\fquantization\x18\a \x01(\x0e2\x19.ragplane.v1.QuantizationR\fquantization\"\xf1\x02\n" +
 	"\x17CreateCollectionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
 	"\x06metric\x18\x02 \x01(\x0e2\x13.ragplane.v1.MetricR\x06metric\x125\n" +
@@ -1259,7 +1337,8 @@ const file_ragplane_v1_index_proto_rawDesc = "" +
 	"\x03dim\x18\x04 \x01(\x05R\x03dim\x120\n" +
 	"\x06params\x18\x05 \x01(\v2\x18.ragplane.v1.IndexParamsR\x06params\x12(\n" +
 	"\rlexical_index\x18\x06 \x01(\bH\x00R\flexicalIndex\x88\x01\x01\x126\n" +
-	"\bchunking\x18\a \x01(\v2\x15.ragplane.v1.ChunkingH\x01R\bchunking\x88\x01\x01B\x10\n" +
+	"\bchunking\x18\a \x01(\v2\x15.ragplane.v1.ChunkingH\x01R\bchunking\x88\x01\x01\x12\x19\n" +
+	"\bexist_ok\x18\b \x01(\bR\aexistOkB\x10\n" +
 	"\x0e_lexical_indexB\v\n" +
 	"\t_chunking\"\xed\x01\n" +
 	"\bChunking\x12\x18\n" +
@@ -1347,7 +1426,11 @@ const file_ragplane_v1_index_proto_rawDesc = "" +
 	"\x16INDEX_TYPE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fINDEX_TYPE_FLAT\x10\x01\x12\x13\n" +
 	"\x0fINDEX_TYPE_HNSW\x10\x02\x12\x15\n" +
-	"\x11INDEX_TYPE_IVF_PQ\x10\x03*e\n" +
+	"\x11INDEX_TYPE_IVF_PQ\x10\x03*Z\n" +
+	"\fQuantization\x12\x1c\n" +
+	"\x18QUANTIZATION_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11QUANTIZATION_NONE\x10\x01\x12\x15\n" +
+	"\x11QUANTIZATION_INT8\x10\x02*e\n" +
 	"\rChunkSplitter\x12\x1e\n" +
 	"\x1aCHUNK_SPLITTER_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13CHUNK_SPLITTER_TEXT\x10\x01\x12\x1b\n" +
@@ -1373,65 +1456,67 @@ func file_ragplane_v1_index_proto_rawDescGZIP() []byte {
 	return file_ragplane_v1_index_proto_rawDescData
 }
 
-var file_ragplane_v1_index_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_ragplane_v1_index_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_ragplane_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_ragplane_v1_index_proto_goTypes = []any{
 	(Metric)(0),                       // 0: ragplane.v1.Metric
 	(IndexType)(0),                    // 1: ragplane.v1.IndexType
-	(ChunkSplitter)(0),                // 2: ragplane.v1.ChunkSplitter
-	(*IndexParams)(nil),               // 3: ragplane.v1.IndexParams
-	(*CreateCollectionRequest)(nil),   // 4: ragplane.v1.CreateCollectionRequest
-	(*Chunking)(nil),                  // 5: ragplane.v1.Chunking
-	(*CollectionInfo)(nil),            // 6: ragplane.v1.CollectionInfo
-	(*DeleteCollectionRequest)(nil),   // 7: ragplane.v1.DeleteCollectionRequest
-	(*DeleteCollectionResponse)(nil),  // 8: ragplane.v1.DeleteCollectionResponse
-	(*ListCollectionsRequest)(nil),    // 9: ragplane.v1.ListCollectionsRequest
-	(*ListCollectionsResponse)(nil),   // 10: ragplane.v1.ListCollectionsResponse
-	(*DescribeCollectionRequest)(nil), // 11: ragplane.v1.DescribeCollectionRequest
-	(*UpsertRequest)(nil),             // 12: ragplane.v1.UpsertRequest
-	(*UpsertResponse)(nil),            // 13: ragplane.v1.UpsertResponse
-	(*DeleteRequest)(nil),             // 14: ragplane.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 15: ragplane.v1.DeleteResponse
-	(*GetRequest)(nil),                // 16: ragplane.v1.GetRequest
-	(*GetResponse)(nil),               // 17: ragplane.v1.GetResponse
-	(*Item)(nil),                      // 18: ragplane.v1.Item
-	(*IdList)(nil),                    // 19: ragplane.v1.IdList
-	(*Filter)(nil),                    // 20: ragplane.v1.Filter
+	(Quantization)(0),                 // 2: ragplane.v1.Quantization
+	(ChunkSplitter)(0),                // 3: ragplane.v1.ChunkSplitter
+	(*IndexParams)(nil),               // 4: ragplane.v1.IndexParams
+	(*CreateCollectionRequest)(nil),   // 5: ragplane.v1.CreateCollectionRequest
+	(*Chunking)(nil),                  // 6: ragplane.v1.Chunking
+	(*CollectionInfo)(nil),            // 7: ragplane.v1.CollectionInfo
+	(*DeleteCollectionRequest)(nil),   // 8: ragplane.v1.DeleteCollectionRequest
+	(*DeleteCollectionResponse)(nil),  // 9: ragplane.v1.DeleteCollectionResponse
+	(*ListCollectionsRequest)(nil),    // 10: ragplane.v1.ListCollectionsRequest
+	(*ListCollectionsResponse)(nil),   // 11: ragplane.v1.ListCollectionsResponse
+	(*DescribeCollectionRequest)(nil), // 12: ragplane.v1.DescribeCollectionRequest
+	(*UpsertRequest)(nil),             // 13: ragplane.v1.UpsertRequest
+	(*UpsertResponse)(nil),            // 14: ragplane.v1.UpsertResponse
+	(*DeleteRequest)(nil),             // 15: ragplane.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 16: ragplane.v1.DeleteResponse
+	(*GetRequest)(nil),                // 17: ragplane.v1.GetRequest
+	(*GetResponse)(nil),               // 18: ragplane.v1.GetResponse
+	(*Item)(nil),                      // 19: ragplane.v1.Item
+	(*IdList)(nil),                    // 20: ragplane.v1.IdList
+	(*Filter)(nil),                    // 21: ragplane.v1.Filter
 }
 var file_ragplane_v1_index_proto_depIdxs = []int32{
-	0,  // 0: ragplane.v1.CreateCollectionRequest.metric:type_name -> ragplane.v1.Metric
-	1,  // 1: ragplane.v1.CreateCollectionRequest.index_type:type_name -> ragplane.v1.IndexType
-	3,  // 2: ragplane.v1.CreateCollectionRequest.params:type_name -> ragplane.v1.IndexParams
-	5,  // 3: ragplane.v1.CreateCollectionRequest.chunking:type_name -> ragplane.v1.Chunking
-	2,  // 4: ragplane.v1.Chunking.splitter:type_name -> ragplane.v1.ChunkSplitter
-	0,  // 5: ragplane.v1.CollectionInfo.metric:type_name -> ragplane.v1.Metric
-	1,  // 6: ragplane.v1.CollectionInfo.index_type:type_name -> ragplane.v1.IndexType
-	3,  // 7: ragplane.v1.CollectionInfo.params:type_name -> ragplane.v1.IndexParams
-	5,  // 8: ragplane.v1.CollectionInfo.chunking:type_name -> ragplane.v1.Chunking
-	6,  // 9: ragplane.v1.ListCollectionsResponse.collections:type_name -> ragplane.v1.CollectionInfo
-	18, // 10: ragplane.v1.UpsertRequest.items:type_name -> ragplane.v1.Item
-	19, // 11: ragplane.v1.DeleteRequest.ids:type_name -> ragplane.v1.IdList
-	20, // 12: ragplane.v1.DeleteRequest.filter:type_name -> ragplane.v1.Filter
-	18, // 13: ragplane.v1.GetResponse.items:type_name -> ragplane.v1.Item
-	4,  // 14: ragplane.v1.IndexService.CreateCollection:input_type -> ragplane.v1.CreateCollectionRequest
-	7,  // 15: ragplane.v1.IndexService.DeleteCollection:input_type -> ragplane.v1.DeleteCollectionRequest
-	9,  // 16: ragplane.v1.IndexService.ListCollections:input_type -> ragplane.v1.ListCollectionsRequest
-	11, // 17: ragplane.v1.IndexService.DescribeCollection:input_type -> ragplane.v1.DescribeCollectionRequest
-	12, // 18: ragplane.v1.IndexService.Upsert:input_type -> ragplane.v1.UpsertRequest
-	14, // 19: ragplane.v1.IndexService.Delete:input_type -> ragplane.v1.DeleteRequest
-	16, // 20: ragplane.v1.IndexService.Get:input_type -> ragplane.v1.GetRequest
-	6,  // 21: ragplane.v1.IndexService.CreateCollection:output_type -> ragplane.v1.CollectionInfo
-	8,  // 22: ragplane.v1.IndexService.DeleteCollection:output_type -> ragplane.v1.DeleteCollectionResponse
-	10, // 23: ragplane.v1.IndexService.ListCollections:output_type -> ragplane.v1.ListCollectionsResponse
-	6,  // 24: ragplane.v1.IndexService.DescribeCollection:output_type -> ragplane.v1.CollectionInfo
-	13, // 25: ragplane.v1.IndexService.Upsert:output_type -> ragplane.v1.UpsertResponse
-	15, // 26: ragplane.v1.IndexService.Delete:output_type -> ragplane.v1.DeleteResponse
-	17, // 27: ragplane.v1.IndexService.Get:output_type -> ragplane.v1.GetResponse
-	21, // [21:28] is the sub-list for method output_type
-	14, // [14:21] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	2,  // 0: ragplane.v1.IndexParams.quantization:type_name -> ragplane.v1.Quantization
+	0,  // 1: ragplane.v1.CreateCollectionRequest.metric:type_name -> ragplane.v1.Metric
+	1,  // 2: ragplane.v1.CreateCollectionRequest.index_type:type_name -> ragplane.v1.IndexType
+	4,  // 3: ragplane.v1.CreateCollectionRequest.params:type_name -> ragplane.v1.IndexParams
+	6,  // 4: ragplane.v1.CreateCollectionRequest.chunking:type_name -> ragplane.v1.Chunking
+	3,  // 5: ragplane.v1.Chunking.splitter:type_name -> ragplane.v1.ChunkSplitter
+	0,  // 6: ragplane.v1.CollectionInfo.metric:type_name -> ragplane.v1.Metric
+	1,  // 7: ragplane.v1.CollectionInfo.index_type:type_name -> ragplane.v1.IndexType
+	4,  // 8: ragplane.v1.CollectionInfo.params:type_name -> ragplane.v1.IndexParams
+	6,  // 9: ragplane.v1.CollectionInfo.chunking:type_name -> ragplane.v1.Chunking
+	7,  // 10: ragplane.v1.ListCollectionsResponse.collections:type_name -> ragplane.v1.CollectionInfo
+	19, // 11: ragplane.v1.UpsertRequest.items:type_name -> ragplane.v1.Item
+	20, // 12: ragplane.v1.DeleteRequest.ids:type_name -> ragplane.v1.IdList
+	21, // 13: ragplane.v1.DeleteRequest.filter:type_name -> ragplane.v1.Filter
+	19, // 14: ragplane.v1.GetResponse.items:type_name -> ragplane.v1.Item
+	5,  // 15: ragplane.v1.IndexService.CreateCollection:input_type -> ragplane.v1.CreateCollectionRequest
+	8,  // 16: ragplane.v1.IndexService.DeleteCollection:input_type -> ragplane.v1.DeleteCollectionRequest
+	10, // 17: ragplane.v1.IndexService.ListCollections:input_type -> ragplane.v1.ListCollectionsRequest
+	12, // 18: ragplane.v1.IndexService.DescribeCollection:input_type -> ragplane.v1.DescribeCollectionRequest
+	13, // 19: ragplane.v1.IndexService.Upsert:input_type -> ragplane.v1.UpsertRequest
+	15, // 20: ragplane.v1.IndexService.Delete:input_type -> ragplane.v1.DeleteRequest
+	17, // 21: ragplane.v1.IndexService.Get:input_type -> ragplane.v1.GetRequest
+	7,  // 22: ragplane.v1.IndexService.CreateCollection:output_type -> ragplane.v1.CollectionInfo
+	9,  // 23: ragplane.v1.IndexService.DeleteCollection:output_type -> ragplane.v1.DeleteCollectionResponse
+	11, // 24: ragplane.v1.IndexService.ListCollections:output_type -> ragplane.v1.ListCollectionsResponse
+	7,  // 25: ragplane.v1.IndexService.DescribeCollection:output_type -> ragplane.v1.CollectionInfo
+	14, // 26: ragplane.v1.IndexService.Upsert:output_type -> ragplane.v1.UpsertResponse
+	16, // 27: ragplane.v1.IndexService.Delete:output_type -> ragplane.v1.DeleteResponse
+	18, // 28: ragplane.v1.IndexService.Get:output_type -> ragplane.v1.GetResponse
+	22, // [22:29] is the sub-list for method output_type
+	15, // [15:22] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_ragplane_v1_index_proto_init() }
@@ -1451,7 +1536,7 @@ func file_ragplane_v1_index_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ragplane_v1_index_proto_rawDesc), len(file_ragplane_v1_index_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -52,8 +52,11 @@ type SearchRequest struct {
 	// once it has applied that write (up to consistency_wait_ms, then UNAVAILABLE).
 	// Empty: bounded-stale. The embedded store is always current and ignores it.
 	ConsistencyToken string `protobuf:"bytes,14,opt,name=consistency_token,json=consistencyToken,proto3" json:"consistency_token,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// How the dense search runs for this request; unset fields take the collection's
+	// defaults (its IndexParams). Applies to DENSE mode.
+	Params        *SearchParams `protobuf:"bytes,15,opt,name=params,proto3" json:"params,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SearchRequest) Reset() {
@@ -195,6 +198,13 @@ func (x *SearchRequest) GetConsistencyToken() string {
 	return ""
 }
 
+func (x *SearchRequest) GetParams() *SearchParams {
+	if x != nil {
+		return x.Params
+	}
+	return nil
+}
+
 type isSearchRequest_Query interface {
 	isSearchRequest_Query()
 }
@@ -210,6 +220,84 @@ type SearchRequest_Vector struct {
 func (*SearchRequest_Text) isSearchRequest_Query() {}
 
 func (*SearchRequest_Vector) isSearchRequest_Query() {}
+
+// Per-request search parameters, as Qdrant's SearchParams. A field that does not apply to
+// the collection's index is refused (INVALID_ARGUMENT), never silently ignored.
+type SearchParams struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// HNSW collections: the candidate list of the graph search (1..10000; higher = better
+	// recall, slower). Unset = the collection's hnsw_ef_search; at least top_k is used.
+	EfSearch *int32 `protobuf:"varint,1,opt,name=ef_search,json=efSearch,proto3,oneof" json:"ef_search,omitempty"`
+	// IVF_PQ collections: inverted lists visited (1..ivf_nlist). Unset = ivf_nprobe.
+	Nprobe *int32 `protobuf:"varint,2,opt,name=nprobe,proto3,oneof" json:"nprobe,omitempty"`
+	// Brute force over the live items with their stored float vectors, whatever the index:
+	// SearchResponse.exhaustive is then true. For checking recall, not for serving.
+	Exact bool `protobuf:"varint,3,opt,name=exact,proto3" json:"exact,omitempty"`
+	// Quantized and IVF_PQ collections: top_k x oversampling candidates are taken from the
+	// index and rescored with the exact float vectors (1..100; 1 = rescore only the top_k).
+	// Unset = 3 (quantized) or 4 (IVF_PQ).
+	Oversampling  *float32 `protobuf:"fixed32,4,opt,name=oversampling,proto3,oneof" json:"oversampling,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SearchParams) Reset() {
+	*x = SearchParams{}
+	mi := &file_ragplane_v1_search_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SearchParams) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SearchParams) ProtoMessage() {}
+
+func (x *SearchParams) ProtoReflect() protoreflect.Message {
+	mi := &file_ragplane_v1_search_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SearchParams.ProtoReflect.Descriptor instead.
+func (*SearchParams) Descriptor() ([]byte, []int) {
+	return file_ragplane_v1_search_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SearchParams) GetEfSearch() int32 {
+	if x != nil && x.EfSearch != nil {
+		return *x.EfSearch
+	}
+	return 0
+}
+
+func (x *SearchParams) GetNprobe() int32 {
+	if x != nil && x.Nprobe != nil {
+		return *x.Nprobe
+	}
+	return 0
+}
+
+func (x *SearchParams) GetExact() bool {
+	if x != nil {
+		return x.Exact
+	}
+	return false
+}
+
+func (x *SearchParams) GetOversampling() float32 {
+	if x != nil && x.Oversampling != nil {
+		return *x.Oversampling
+	}
+	return 0
+}
 
 // A passage of a hit's item: the chunk of its text that matched.
 type ChunkHit struct {
@@ -230,7 +318,7 @@ type ChunkHit struct {
 
 func (x *ChunkHit) Reset() {
 	*x = ChunkHit{}
-	mi := &file_ragplane_v1_search_proto_msgTypes[1]
+	mi := &file_ragplane_v1_search_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -242,7 +330,7 @@ func (x *ChunkHit) String() string {
 func (*ChunkHit) ProtoMessage() {}
 
 func (x *ChunkHit) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_search_proto_msgTypes[1]
+	mi := &file_ragplane_v1_search_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -255,7 +343,7 @@ func (x *ChunkHit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkHit.ProtoReflect.Descriptor instead.
 func (*ChunkHit) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_search_proto_rawDescGZIP(), []int{1}
+	return file_ragplane_v1_search_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ChunkHit) GetIndex() int32 {
@@ -304,7 +392,7 @@ type HitGroup struct {
 
 func (x *HitGroup) Reset() {
 	*x = HitGroup{}
-	mi := &file_ragplane_v1_search_proto_msgTypes[2]
+	mi := &file_ragplane_v1_search_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -316,7 +404,7 @@ func (x *HitGroup) String() string {
 func (*HitGroup) ProtoMessage() {}
 
 func (x *HitGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_search_proto_msgTypes[2]
+	mi := &file_ragplane_v1_search_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -329,7 +417,7 @@ func (x *HitGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HitGroup.ProtoReflect.Descriptor instead.
 func (*HitGroup) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_search_proto_rawDescGZIP(), []int{2}
+	return file_ragplane_v1_search_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *HitGroup) GetKey() *structpb.Value {
@@ -373,7 +461,7 @@ type Hit struct {
 
 func (x *Hit) Reset() {
 	*x = Hit{}
-	mi := &file_ragplane_v1_search_proto_msgTypes[3]
+	mi := &file_ragplane_v1_search_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -385,7 +473,7 @@ func (x *Hit) String() string {
 func (*Hit) ProtoMessage() {}
 
 func (x *Hit) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_search_proto_msgTypes[3]
+	mi := &file_ragplane_v1_search_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -398,7 +486,7 @@ func (x *Hit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hit.ProtoReflect.Descriptor instead.
 func (*Hit) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_search_proto_rawDescGZIP(), []int{3}
+	return file_ragplane_v1_search_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Hit) GetId() string {
@@ -477,7 +565,7 @@ type SearchResponse struct {
 
 func (x *SearchResponse) Reset() {
 	*x = SearchResponse{}
-	mi := &file_ragplane_v1_search_proto_msgTypes[4]
+	mi := &file_ragplane_v1_search_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -489,7 +577,7 @@ func (x *SearchResponse) String() string {
 func (*SearchResponse) ProtoMessage() {}
 
 func (x *SearchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ragplane_v1_search_proto_msgTypes[4]
+	mi := &file_ragplane_v1_search_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -502,7 +590,7 @@ func (x *SearchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SearchResponse.ProtoReflect.Descriptor instead.
 func (*SearchResponse) Descriptor() ([]byte, []int) {
-	return file_ragplane_v1_search_proto_rawDescGZIP(), []int{4}
+	return file_ragplane_v1_search_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SearchResponse) GetHits() []*Hit {
@@ -544,7 +632,7 @@ var File_ragplane_v1_search_proto protoreflect.FileDescriptor
 
 const file_ragplane_v1_search_proto_rawDesc = "" +
 	"\n" +
-	"\x18ragplane/v1/search.proto\x12\vragplane.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x18ragplane/v1/common.proto\"\x95\x04\n" +
+	"\x18ragplane/v1/search.proto\x12\vragplane.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x18ragplane/v1/common.proto\"\xc8\x04\n" +
 	"\rSearchRequest\x12\x1e\n" +
 	"\n" +
 	"collection\x18\x01 \x01(\tR\n" +
@@ -564,8 +652,18 @@ const file_ragplane_v1_search_proto_rawDesc = "" +
 	"group_size\x18\f \x01(\x05R\tgroupSize\x12\x1f\n" +
 	"\vgroup_limit\x18\r \x01(\x05R\n" +
 	"groupLimit\x12+\n" +
-	"\x11consistency_token\x18\x0e \x01(\tR\x10consistencyTokenB\a\n" +
-	"\x05query\"r\n" +
+	"\x11consistency_token\x18\x0e \x01(\tR\x10consistencyToken\x121\n" +
+	"\x06params\x18\x0f \x01(\v2\x19.ragplane.v1.SearchParamsR\x06paramsB\a\n" +
+	"\x05query\"\xb6\x01\n" +
+	"\fSearchParams\x12 \n" +
+	"\tef_search\x18\x01 \x01(\x05H\x00R\befSearch\x88\x01\x01\x12\x1b\n" +
+	"\x06nprobe\x18\x02 \x01(\x05H\x01R\x06nprobe\x88\x01\x01\x12\x14\n" +
+	"\x05exact\x18\x03 \x01(\bR\x05exact\x12'\n" +
+	"\foversampling\x18\x04 \x01(\x02H\x02R\foversampling\x88\x01\x01B\f\n" +
+	"\n" +
+	"_ef_searchB\t\n" +
+	"\a_nprobeB\x0f\n" +
+	"\r_oversampling\"r\n" +
 	"\bChunkHit\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\x03R\x05start\x12\x10\n" +
@@ -613,38 +711,40 @@ func file_ragplane_v1_search_proto_rawDescGZIP() []byte {
 	return file_ragplane_v1_search_proto_rawDescData
 }
 
-var file_ragplane_v1_search_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_ragplane_v1_search_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_ragplane_v1_search_proto_goTypes = []any{
 	(*SearchRequest)(nil),   // 0: ragplane.v1.SearchRequest
-	(*ChunkHit)(nil),        // 1: ragplane.v1.ChunkHit
-	(*HitGroup)(nil),        // 2: ragplane.v1.HitGroup
-	(*Hit)(nil),             // 3: ragplane.v1.Hit
-	(*SearchResponse)(nil),  // 4: ragplane.v1.SearchResponse
-	(*Vector)(nil),          // 5: ragplane.v1.Vector
-	(*Filter)(nil),          // 6: ragplane.v1.Filter
-	(SearchMode)(0),         // 7: ragplane.v1.SearchMode
-	(*Fusion)(nil),          // 8: ragplane.v1.Fusion
-	(*structpb.Value)(nil),  // 9: google.protobuf.Value
-	(*structpb.Struct)(nil), // 10: google.protobuf.Struct
+	(*SearchParams)(nil),    // 1: ragplane.v1.SearchParams
+	(*ChunkHit)(nil),        // 2: ragplane.v1.ChunkHit
+	(*HitGroup)(nil),        // 3: ragplane.v1.HitGroup
+	(*Hit)(nil),             // 4: ragplane.v1.Hit
+	(*SearchResponse)(nil),  // 5: ragplane.v1.SearchResponse
+	(*Vector)(nil),          // 6: ragplane.v1.Vector
+	(*Filter)(nil),          // 7: ragplane.v1.Filter
+	(SearchMode)(0),         // 8: ragplane.v1.SearchMode
+	(*Fusion)(nil),          // 9: ragplane.v1.Fusion
+	(*structpb.Value)(nil),  // 10: google.protobuf.Value
+	(*structpb.Struct)(nil), // 11: google.protobuf.Struct
 }
 var file_ragplane_v1_search_proto_depIdxs = []int32{
-	5,  // 0: ragplane.v1.SearchRequest.vector:type_name -> ragplane.v1.Vector
-	6,  // 1: ragplane.v1.SearchRequest.filter:type_name -> ragplane.v1.Filter
-	7,  // 2: ragplane.v1.SearchRequest.mode:type_name -> ragplane.v1.SearchMode
-	8,  // 3: ragplane.v1.SearchRequest.fusion:type_name -> ragplane.v1.Fusion
-	9,  // 4: ragplane.v1.HitGroup.key:type_name -> google.protobuf.Value
-	3,  // 5: ragplane.v1.HitGroup.hits:type_name -> ragplane.v1.Hit
-	10, // 6: ragplane.v1.Hit.metadata:type_name -> google.protobuf.Struct
-	1,  // 7: ragplane.v1.Hit.chunks:type_name -> ragplane.v1.ChunkHit
-	3,  // 8: ragplane.v1.SearchResponse.hits:type_name -> ragplane.v1.Hit
-	2,  // 9: ragplane.v1.SearchResponse.groups:type_name -> ragplane.v1.HitGroup
-	0,  // 10: ragplane.v1.SearchService.Search:input_type -> ragplane.v1.SearchRequest
-	4,  // 11: ragplane.v1.SearchService.Search:output_type -> ragplane.v1.SearchResponse
-	11, // [11:12] is the sub-list for method output_type
-	10, // [10:11] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	6,  // 0: ragplane.v1.SearchRequest.vector:type_name -> ragplane.v1.Vector
+	7,  // 1: ragplane.v1.SearchRequest.filter:type_name -> ragplane.v1.Filter
+	8,  // 2: ragplane.v1.SearchRequest.mode:type_name -> ragplane.v1.SearchMode
+	9,  // 3: ragplane.v1.SearchRequest.fusion:type_name -> ragplane.v1.Fusion
+	1,  // 4: ragplane.v1.SearchRequest.params:type_name -> ragplane.v1.SearchParams
+	10, // 5: ragplane.v1.HitGroup.key:type_name -> google.protobuf.Value
+	4,  // 6: ragplane.v1.HitGroup.hits:type_name -> ragplane.v1.Hit
+	11, // 7: ragplane.v1.Hit.metadata:type_name -> google.protobuf.Struct
+	2,  // 8: ragplane.v1.Hit.chunks:type_name -> ragplane.v1.ChunkHit
+	4,  // 9: ragplane.v1.SearchResponse.hits:type_name -> ragplane.v1.Hit
+	3,  // 10: ragplane.v1.SearchResponse.groups:type_name -> ragplane.v1.HitGroup
+	0,  // 11: ragplane.v1.SearchService.Search:input_type -> ragplane.v1.SearchRequest
+	5,  // 12: ragplane.v1.SearchService.Search:output_type -> ragplane.v1.SearchResponse
+	12, // [12:13] is the sub-list for method output_type
+	11, // [11:12] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_ragplane_v1_search_proto_init() }
@@ -657,14 +757,15 @@ func file_ragplane_v1_search_proto_init() {
 		(*SearchRequest_Text)(nil),
 		(*SearchRequest_Vector)(nil),
 	}
-	file_ragplane_v1_search_proto_msgTypes[3].OneofWrappers = []any{}
+	file_ragplane_v1_search_proto_msgTypes[1].OneofWrappers = []any{}
+	file_ragplane_v1_search_proto_msgTypes[4].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ragplane_v1_search_proto_rawDesc), len(file_ragplane_v1_search_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

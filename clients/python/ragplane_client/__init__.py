@@ -34,6 +34,7 @@ from ragplane_client.types import (
     MemoryPage,
     Remembered,
     ScoreParts,
+    SearchParams,
     SearchResult,
     UpsertResult,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "Remembered",
     "RetryPolicy",
     "ScoreParts",
+    "SearchParams",
     "SearchResult",
     "Stubs",
     "UpsertResult",

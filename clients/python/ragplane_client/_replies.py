@@ -105,7 +105,8 @@ def collection(c: index_pb2.CollectionInfo) -> CollectionInfo:
         lexical_index=c.lexical_index,
         chunking=chunking(c.chunking),
         params=IndexParams(
-            p.hnsw_m, p.hnsw_ef_construction, p.hnsw_ef_search, p.ivf_nlist, p.ivf_nprobe, p.pq_m
+            p.hnsw_m, p.hnsw_ef_construction, p.hnsw_ef_search, p.ivf_nlist, p.ivf_nprobe, p.pq_m,
+            "int8" if p.quantization == index_pb2.QUANTIZATION_INT8 else "none",
         ),
         created_at=c.created_at,
         consistency_token=c.consistency_token,

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ragplane_client import filters
-from ragplane_client.types import Chunking, IndexParams, Item
+from ragplane_client.types import Chunking, IndexParams, Item, SearchParams
 from ragplane_client.v1 import (
     common_pb2,
     embed_pb2,
@@ -29,6 +29,7 @@ INDEX_TYPES = {
     "hnsw": index_pb2.INDEX_TYPE_HNSW,
     "ivf_pq": index_pb2.INDEX_TYPE_IVF_PQ,
 }
+QUANTIZATIONS = {"none": index_pb2.QUANTIZATION_NONE, "int8": index_pb2.QUANTIZATION_INT8}
 SPLITTERS = {"text": index_pb2.CHUNK_SPLITTER_TEXT, "markdown": index_pb2.CHUNK_SPLITTER_MARKDOWN}
 
 
@@ -65,6 +66,8 @@ def create_collection(name: str, **o: Any) -> index_pb2.CreateCollectionRequest:
     params = o.get("params")
     if params is not None:
         fields = asdict(params) if isinstance(params, IndexParams) else dict(params)
+        if "quantization" in fields:
+            fields["quantization"] = enum(QUANTIZATIONS, fields["quantization"], "quantization")
         req.params.CopyFrom(index_pb2.IndexParams(**fields))
     if o.get("lexical_index") is not None:
         req.lexical_index = bool(o["lexical_index"])
@@ -186,7 +189,25 @@ def search(collection: str, query: str | Sequence[float], **o: Any) -> search_pb
     fusion = _fusion(o)
     if fusion is not None:
         req.fusion.CopyFrom(fusion)
+    if o.get("params") is not None:
+        req.params.CopyFrom(search_params(o["params"]))
     return req
+
+
+def search_params(p: SearchParams | Mapping[str, Any]) -> search_pb2.SearchParams:
+    """SearchParams (or a dict of its fields) as the message; None fields stay unset."""
+    fields = asdict(p) if isinstance(p, SearchParams) else dict(p)
+    unknown = set(fields) - {"ef_search", "nprobe", "exact", "oversampling"}
+    if unknown:
+        raise ValueError(f"unknown search params {sorted(unknown)}; use ef_search, nprobe, "
+                         "exact, oversampling")
+    out = search_pb2.SearchParams(exact=bool(fields.get("exact", False)))
+    for name in ("ef_search", "nprobe"):
+        if fields.get(name) is not None:
+            setattr(out, name, int(fields[name]))
+    if fields.get("oversampling") is not None:
+        out.oversampling = float(fields["oversampling"])
+    return out
 
 
 def remember(

@@ -238,7 +238,9 @@ class Client:
         "weighted" (default) or "rrf", with `rrf_k` and `dense_weight`). filter: see
         ragplane_client.filters. chunks_per_hit: passages per hit (default 1). group_by: a
         metadata field; the result then has `groups` (group_size hits each, up to
-        group_limit groups) and no hits. include_text and include_metadata default True."""
+        group_limit groups) and no hits. include_text and include_metadata default True.
+        params: a SearchParams (or dict) for dense mode: ef_search, nprobe, exact,
+        oversampling (unset = the collection's defaults)."""
         return self._run(ops.search(collection, query, dict(options)))
 
     # --- memory --------------------------------------------------------------------------

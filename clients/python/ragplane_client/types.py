@@ -15,6 +15,7 @@ Mode = Literal["dense", "lexical", "hybrid"]
 FusionName = Literal["weighted", "rrf"]
 MetricName = Literal["cosine", "ip", "l2"]
 IndexTypeName = Literal["flat", "hnsw", "ivf_pq"]
+QuantizationName = Literal["none", "int8"]
 SplitterName = Literal["text", "markdown"]
 
 
@@ -43,7 +44,9 @@ class Chunking:
 
 @dataclass(frozen=True)
 class IndexParams:
-    """Index parameters; 0 = the server's default (see index.proto)."""
+    """Index parameters; 0 = the server's default (see index.proto). `quantization`
+    ("none" or "int8", flat and hnsw only): int8 keeps 1 byte per dimension in memory
+    instead of 4 and rescores candidates with the float vectors."""
 
     hnsw_m: int = 0
     hnsw_ef_construction: int = 0
@@ -51,6 +54,20 @@ class IndexParams:
     ivf_nlist: int = 0
     ivf_nprobe: int = 0
     pq_m: int = 0
+    quantization: QuantizationName = "none"
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    """Per-request search parameters (`search(..., params=...)`); None = the collection's
+    default. ef_search: HNSW candidate list (recall vs speed); nprobe: IVF_PQ lists
+    visited; exact: brute force over the live items; oversampling: quantized and IVF_PQ
+    collections rescore top_k x oversampling candidates with the float vectors."""
+
+    ef_search: int | None = None
+    nprobe: int | None = None
+    exact: bool = False
+    oversampling: float | None = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +231,7 @@ class SearchOptions(TypedDict, total=False):
     group_by: str
     group_size: int
     group_limit: int
+    params: SearchParams | Mapping[str, Any]
     timeout: float
     consistency_token: str
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from ragplane_client import Chunking, Client, IndexParams, Item
+from ragplane_client import Chunking, Client, IndexParams, Item, SearchParams
 from ragplane_client import filters as f
 
 DOCS = [
@@ -69,6 +69,21 @@ def test_collection_lifecycle_with_options(client):
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
     with pytest.raises(ValueError, match="unknown metric"):
         client.create_collection("c3", metric="hamming")
+
+
+def test_search_params_reach_the_server(client):
+    info = client.create_collection("h", index_type="hnsw", params=IndexParams(quantization="int8"))
+    assert info.params.quantization == "none"  # int8 is trained at a rebuild, over 1,000 items
+    client.upsert("h", DOCS)
+    exact = client.search("h", "source of truth", top_k=2, params=SearchParams(exact=True))
+    assert exact.exhaustive and exact.hits[0].id == "1"
+    tuned = client.search("h", "source of truth", top_k=2, params={"oversampling": 2})
+    assert [h.id for h in tuned.hits] == [h.id for h in exact.hits]
+    client.create_collection("flat")
+    with pytest.raises(grpc.RpcError) as e:
+        client.search("flat", "x", params=SearchParams(ef_search=64))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "ef_search applies to hnsw collections" in (e.value.details() or "")
 
 
 def test_create_collection_exist_ok_returns_the_one_there(client):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from ragplane_client import Item, RetryPolicy
+from ragplane_client import Item, RetryPolicy, SearchParams
 from ragplane_client import _requests as req
 from ragplane_client import filters as f
 from ragplane_client._transport import retry_after
@@ -108,6 +108,18 @@ def test_search_request_options():
     assert plain.text == "text" and not plain.HasField("fusion") and plain.include_text
     with pytest.raises(ValueError, match="unknown fusion"):
         req.search("c", "t", fusion="max")
+
+
+def test_search_params_set_only_the_fields_given():
+    r = req.search("c", "t", params=SearchParams(ef_search=256, oversampling=2.5))
+    p = r.params
+    assert p.HasField("ef_search") and p.ef_search == 256 and p.oversampling == 2.5
+    assert not p.HasField("nprobe") and not p.exact
+    d = req.search("c", "t", params={"nprobe": 4, "exact": False}).params
+    assert d.nprobe == 4 and not d.HasField("ef_search") and not d.HasField("oversampling")
+    assert not req.search("c", "t").HasField("params")
+    with pytest.raises(ValueError, match="unknown search params"):
+        req.search("c", "t", params={"hnsw_ef": 4})
 
 
 class _Err(grpc.RpcError):

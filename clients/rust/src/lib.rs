@@ -560,6 +560,37 @@ impl Client {
         Ok(self.search_with(req).await?.hits)
     }
 
+    /// [`Client::search`] with this request's search parameters (dense mode): `ef_search`
+    /// (HNSW), `nprobe` (IVF_PQ), `exact` (brute force over the live items) and
+    /// `oversampling` (quantized and IVF_PQ collections rescore `top_k` x oversampling
+    /// candidates). `None` fields take the collection's defaults; one that does not apply
+    /// to its index is refused with `Code::InvalidArgument`.
+    ///
+    /// ```no_run
+    /// # async fn f(client: ragplane_client::Client) -> Result<(), tonic::Status> {
+    /// use ragplane_client::v1;
+    /// let params = v1::SearchParams { ef_search: Some(256), ..Default::default() };
+    /// let hits = client.search_params("docs", "sorting a list", 10, params).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn search_params(
+        &self,
+        collection: &str,
+        text: &str,
+        top_k: i32,
+        params: v1::SearchParams,
+    ) -> Result<Vec<v1::Hit>, Status> {
+        let req = v1::SearchRequest {
+            collection: collection.to_owned(),
+            query: Some(v1::search_request::Query::Text(text.to_owned())),
+            top_k,
+            include_text: true,
+            params: Some(params),
+            ..Default::default()
+        };
+        Ok(self.search_with(req).await?.hits)
+    }
+
     pub async fn search_with(&self, req: v1::SearchRequest) -> Result<v1::SearchResponse, Status> {
         Ok(self.search_service().search(req).await?.into_inner())
     }

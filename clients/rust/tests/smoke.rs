@@ -218,6 +218,39 @@ async fn smoke_against_live_server() {
         "{hyb:?}"
     );
 
+    // Search parameters: exact is brute force (and says so); one that does not apply to
+    // the collection's index (ef_search on a flat one) is INVALID_ARGUMENT naming hnsw.
+    let exact = c
+        .search_params(
+            &name,
+            "sorting a list in python",
+            2,
+            v1::SearchParams {
+                exact: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("exact search");
+    assert_eq!(exact[0].id, "d", "{exact:?}");
+    let err = c
+        .search_params(
+            &name,
+            "sorting a list in python",
+            2,
+            v1::SearchParams {
+                ef_search: Some(64),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("ef_search on a flat collection");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("ef_search applies to hnsw"),
+        "{err:?}"
+    );
+
     // Memory: Remember returns an id, and recalling the same text returns it first.
     let ns = format!("rs-agent-{nanos}");
     let fact = "the user prefers dark mode in every editor";

@@ -1,9 +1,8 @@
-"""Operations of the change log as JSON plus one blob of float32 vectors.
-
-An operation is a dict with `op` and the collection it names (`tenant`, `kind`, `name`);
-an upsert's items carry text, metadata and chunk offsets, and their vectors travel together
-in one little-endian float32 blob (an item's vector, or one per chunk, in order). No pickle:
-what a shared database holds must never run as code."""
+"""What the shared store holds, as JSON and float32 blobs: a collection's parameters and
+chunking (`rp_collections.config`, `changes.CollectionConfig`), and an item as `rp_items`
+keeps it: its text, metadata and chunk offsets as JSON, its vectors in one little-endian
+float32 blob (its vector, or one per chunk, in order). No pickle: what a shared database
+holds must never run as code."""
 
 from __future__ import annotations
 

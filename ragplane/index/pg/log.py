@@ -34,7 +34,9 @@ import psycopg_pool
 from psycopg.types.json import Jsonb
 
 from ragplane.core.errors import Unavailable
-from ragplane.index.pg import failures, schema
+from ragplane.index.pg import changes, codec, failures, peers, schema
+from ragplane.index.pg.changes import Op
+from ragplane.index.types import Lease, Peer, Record
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,7 @@ _deadline: contextvars.ContextVar[float] = contextvars.ContextVar("rp_pg_deadlin
 
 @contextlib.contextmanager
 def budget(seconds: float = CALL_WAIT) -> Iterator[None]:
-    """The waits inside (a pooled connection, the replica's lock, PostgreSQL's row locks)
+    """The waits inside (a pooled connection, the follower's lock, PostgreSQL's row locks)
     end by `seconds` from now, each given at least MIN_WAIT; a budget already running
     (an outer call's) is kept. Work itself is not cut short: only waiting is."""
     if _deadline.get():
@@ -75,8 +77,7 @@ def wait_left(default: float | None) -> float | None:
 @dataclass(frozen=True)
 class Change:
     pos: int
-    op: dict[str, Any]
-    vectors: bytes
+    op: Op
     at: float = 0.0  # when it was written (unix seconds, PostgreSQL's clock)
 
 
@@ -120,13 +121,16 @@ class PgStore:
             max_size=max_size,
             timeout=timeout,
             kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout)),
-                    "prepare_threshold": None},  # see the module's docstring
+                    "prepare_threshold": None,  # see the module's docstring
+                    "application_name": peers.APP_NAME},  # the servers seen: `peers`
             open=False,
             reconnect_timeout=0,  # keep trying: PostgreSQL may come back at any time
             check=self._check,
             reset=self._reset,
         )
-        self._answered: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._answered: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = (
+            weakref.WeakKeyDictionary()
+        )
         self._held = threading.local()
         self.pool.open(wait=False)
         self.store_id = ""
@@ -203,8 +207,7 @@ class PgStore:
                             "RETURNING pos")
             cur.nextset()  # one round trip for the three; the position is the last result
             cur.nextset()
-            (pos,) = cur.fetchone()
-            yield c, int(pos)
+            yield c, int(_first(cur.fetchone()))
 
     @contextlib.contextmanager
     def write_ahead(self) -> Iterator[tuple[psycopg.Connection, psycopg.Pipeline]]:
@@ -247,19 +250,19 @@ class PgStore:
         )
 
     @staticmethod
-    def append(c: psycopg.Connection, op: dict[str, Any], vectors: bytes, pos: int) -> None:
+    def append(c: psycopg.Connection[Any], op: Op, pos: int) -> None:
         """Log `op` at the write's position and NOTIFY it."""
         c.execute(
             "WITH n AS (SELECT pg_notify(%s, %s)) INSERT INTO rp_changes "
-            "(pos, op, vectors, at) SELECT %s, %s, %s, clock_timestamp() FROM n",
-            (CHANNEL, str(pos), pos, Jsonb(op), vectors or None),
+            "(pos, op, at) SELECT %s, %s, clock_timestamp() FROM n",
+            (CHANNEL, str(pos), pos, Jsonb(op.encode())),
         )
 
     # ------------------------------------------------------------------ reads
 
     def head(self) -> int:
         with self.conn() as c:
-            return int(c.execute("SELECT pos FROM rp_head").fetchone()[0])
+            return int(_first(c.execute("SELECT pos FROM rp_head").fetchone()))
 
     def oldest(self) -> int:
         """The first position the log still keeps (head + 1 when it is empty)."""
@@ -268,16 +271,16 @@ class PgStore:
                 "SELECT COALESCE((SELECT MIN(pos) FROM rp_changes),"
                 " (SELECT pos + 1 FROM rp_head))"
             ).fetchone()
-            return int(row[0])
+            return int(_first(row))
 
     def changes_after(self, pos: int, limit: int = 1000) -> list[Change]:
         with self.conn() as c:
             rows = c.execute(
-                "SELECT pos, op, vectors, extract(epoch FROM at)::float8 FROM rp_changes "
+                "SELECT pos, op, extract(epoch FROM at)::float8 FROM rp_changes "
                 "WHERE pos > %s ORDER BY pos LIMIT %s",
                 (pos, limit),
             ).fetchall()
-        return [Change(int(p), op, bytes(v or b""), float(at)) for p, op, v, at in rows]
+        return [Change(int(p), changes.decode(op), float(at)) for p, op, at in rows]
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[tuple[psycopg.Connection, int]]:
@@ -286,8 +289,7 @@ class PgStore:
             c.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             try:
                 with c.transaction():
-                    (pos,) = c.execute("SELECT pos FROM rp_head").fetchone()
-                    yield c, int(pos)
+                    yield c, int(_first(c.execute("SELECT pos FROM rp_head").fetchone()))
             finally:
                 c.isolation_level = None
 
@@ -305,9 +307,9 @@ class PgStore:
         advisory lock (held on one connection until the block ends, or until this server
         dies: PostgreSQL frees it with the session)."""
         with self.conn() as c:
-            got = bool(c.execute(
+            got = bool(_first(c.execute(
                 "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (name,)
-            ).fetchone()[0])
+            ).fetchone()))
             try:
                 yield got
             finally:
@@ -315,11 +317,14 @@ class PgStore:
                     with contextlib.suppress(psycopg.Error):
                         c.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (name,))
 
-    def items(self, tenant: str, kind: str, coll: str, pos: int, dim: int) -> list:
+    def peers(self) -> tuple[list[Peer], list[Lease]]:
+        """The servers connected to the store now, and the leases they hold (`peers`)."""
+        with self.conn() as c:
+            return peers.servers(c), peers.leases(c)
+
+    def items(self, tenant: str, kind: str, coll: str, pos: int, dim: int) -> list[Record]:
         """The items the change at `pos` wrote that no later change replaced or deleted, as
         Records (a later change brings the newer versions itself: applying converges)."""
-        from ragplane.index.pg.codec import decode_records
-
         with self.conn() as c:
             rows = c.execute(
                 "SELECT body, vectors FROM rp_items WHERE tenant = %s AND kind = %s AND "
@@ -327,7 +332,7 @@ class PgStore:
                 (tenant, kind, coll, pos),
                 binary=True,
             ).fetchall()
-        return decode_records([b for b, _ in rows], b"".join(bytes(v) for _, v in rows), dim)
+        return codec.decode_records([b for b, _ in rows], b"".join(bytes(v) for _, v in rows), dim)
 
     @staticmethod
     def put_embeddings(c: psycopg.Connection, embedder: str, vectors: dict[str, bytes]) -> None:
@@ -357,6 +362,12 @@ class PgStore:
             )
         c.execute(f"LISTEN {CHANNEL}")
         return c
+
+
+def _first(row: tuple[Any, ...] | None) -> Any:
+    """The first value of a row a query always returns (one of rp_head, an aggregate)."""
+    assert row is not None
+    return row[0]
 
 
 def _lock_timeout() -> str:

@@ -3,7 +3,7 @@
 That server records every vector its re-embedder returns (by the text's sha256) and stores
 them in `rp_embeddings` with the rebuild's change; `rp_items` gets the new vectors too (a
 server that loads from the tables later gets them). The other servers rebuild the same
-generation from the same rows with `stored`, a re-embedder that reads those vectors back."""
+generation from the same rows, reading those vectors back (`changes.Rebuild`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import numpy as np
 from psycopg.types.json import Jsonb
 
 from ragplane.core.errors import FailedPrecondition
-from ragplane.index.pg.log import PgStore
 
 UPDATE_BATCH = 1000
 
@@ -51,24 +50,8 @@ class Recording:
                 given.append(b)
                 yield b
 
-        for out in self.inner.stream(noted()):
+        for out in getattr(self.inner, "stream")(noted()):  # noqa: B009 - there, per init
             yield self._keep(given.popleft(), out)
-
-
-def stored(store: PgStore, embedder: str) -> Callable[[list[str]], np.ndarray]:
-    """A re-embedder that returns the vectors another server stored for `embedder`."""
-
-    def reembed(texts: list[str]) -> np.ndarray:
-        found = store.embeddings(embedder, texts)
-        missing = sum(v is None for v in found)
-        if missing:
-            raise FailedPrecondition(
-                f"{missing} of {len(texts)} re-embedded vectors of {embedder} are not in the "
-                "store; the server reloads its indexes from the tables"
-            )
-        return np.stack([np.frombuffer(v, dtype="<f4") for v in found])
-
-    return reembed
 
 
 def item_texts(body: dict[str, Any]) -> list[str]:

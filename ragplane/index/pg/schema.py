@@ -9,7 +9,7 @@ Tables (all prefixed `rp_`):
 - `rp_head`: one row, the position of the last change. A writer bumps it first thing in
   its transaction, which takes the row's lock until commit: positions are handed out in
   commit order, so a reader that has seen position P has seen every commit before it.
-- `rp_changes`: the change log (position -> one operation, JSON plus a blob of vectors).
+- `rp_changes`: the change log (position -> one operation as JSON: `changes.Op`).
 - `rp_collections`, `rp_items`: the current state, from which a server that fell behind
   further than the log keeps rebuilds its indexes.
 - `rp_embeddings`: the vectors a re-embedding rebuild computed, by embedder and the text's
@@ -23,27 +23,31 @@ shadow.db, shared so that every server of a cluster acts the same:
   (server.shadow.evidence), recorded by every server's shadow worker.
 - `rp_shadow_state`, `rp_shadow_history`: which embedder serves each case of use, and
   every flip and unflip: a flip is cluster-wide.
-Their columns are those of the SQLite tables (ragplane.core.statedb: one set of statements
+Their columns are those of the SQLite tables (ragplane.core.serverdb: one set of statements
 for both), with double precision for SQLite's REAL and bigint for counters.
 
 Version 3: `rp_expect_head(p)`, which fails its transaction (serialization_failure) unless
 the head is `p`: an upsert sends its COMMIT before it knows its position, guarded by it.
-(`rp_changes.vectors` has been written empty since the items moved to rp_items alone; a
-later version may drop it once no server of an older version can be running.)
 
 Version 4: the shadow's evidence counts batches skipped while busy, those sampled while
 busy, and observed time per class (`skipped`, `busy`, `active_s`: server.shadow.evidence).
+
+Version 5: `rp_changes` loses its `vectors` column, always empty (an upsert's items and
+their vectors are in `rp_items` alone; `changes.Upsert` reads them there). A server of an
+older version still names the column in its writes: stop every one before a server of
+this version starts (the upgrade is one `ALTER TABLE`, the log's rows are kept).
 """
 
 from __future__ import annotations
 
 import uuid
+from typing import Any, LiteralString
 
 import psycopg
 
 # Any fixed 64-bit number: the advisory lock of schema changes.
 MIGRATE_LOCK = 0x7261_6770_6C61_6E65  # "ragplane"
-VERSION = 4
+VERSION = 5
 
 _V1 = """
 CREATE TABLE rp_meta (
@@ -172,18 +176,36 @@ ALTER TABLE rp_shadow_evidence
     ADD COLUMN active_s double precision NOT NULL DEFAULT 0.0;
 """
 
+_V5 = """
+ALTER TABLE rp_changes DROP COLUMN vectors;
+"""
+
 # version -> the statements that bring the schema from version-1 to it
-UPGRADES: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
+UPGRADES: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
+
+# The server's own tables (version 2) by the names its modules use for them (see
+# ragplane.core.serverdb): keys, the shadow's evidence, timings, overlap, state, history.
+SERVER_TABLES = {
+    "keys": "rp_keys", "evidence": "rp_shadow_evidence", "timings": "rp_shadow_timings",
+    "overlap": "rp_shadow_overlap", "state": "rp_shadow_state",
+    "history": "rp_shadow_history", "seq": "seq",
+}
 
 
-def current_version(conn: psycopg.Connection) -> int:
-    exists = conn.execute("SELECT to_regclass('rp_meta') IS NOT NULL").fetchone()[0]
-    if not exists:
+def _one(conn: psycopg.Connection[Any], sql: LiteralString) -> Any:
+    """The one value of a one-row query."""
+    row = conn.execute(sql).fetchone()
+    assert row is not None, sql
+    return row[0]
+
+
+def current_version(conn: psycopg.Connection[Any]) -> int:
+    if not _one(conn, "SELECT to_regclass('rp_meta') IS NOT NULL"):
         return 0
-    return int(conn.execute("SELECT version FROM rp_meta").fetchone()[0])
+    return int(_one(conn, "SELECT version FROM rp_meta"))
 
 
-def migrate(conn: psycopg.Connection, upgrades: dict[int, str] | None = None) -> str:
+def migrate(conn: psycopg.Connection[Any], upgrades: dict[int, str] | None = None) -> str:
     """Create or upgrade the schema to the newest version; returns the store's id. Runs
     under the migration advisory lock; each version's step commits on its own."""
     steps = UPGRADES if upgrades is None else upgrades
@@ -200,6 +222,6 @@ def migrate(conn: psycopg.Connection, upgrades: dict[int, str] | None = None) ->
                     )
                 else:
                     conn.execute("UPDATE rp_meta SET version = %s", (version,))
-        return str(conn.execute("SELECT store_id FROM rp_meta").fetchone()[0])
+        return str(_one(conn, "SELECT store_id FROM rp_meta"))
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK,))

@@ -1,5 +1,5 @@
 """The statements of an upsert on the shared store and the meaning of their errors
-(`ragplane.index.pg.shared.SharedEngine.upsert`)."""
+(`ragplane.index.pg.engine.PgEngine.upsert`)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ _AHEAD = (
     "WITH h AS (UPDATE rp_head SET pos = pos + 1 WHERE pos = %s RETURNING pos), "
     "i AS ({items}), "
     "n AS (SELECT pg_notify('" + CHANNEL + "', pos::text) FROM h), "
-    "l AS (INSERT INTO rp_changes (pos, op, vectors, at) "
-    "SELECT pos, %s, NULL, clock_timestamp() FROM h) "
+    "l AS (INSERT INTO rp_changes (pos, op, at) "
+    "SELECT pos, %s, clock_timestamp() FROM h) "
     "SELECT pos, (SELECT count(*) FROM n) FROM h"
 )
 AHEAD_NEW = _AHEAD.format(items=_ITEMS.format(head="h"))

@@ -84,6 +84,9 @@ def rebuild(
     ivf_nlist: int = 0,
     ivf_nprobe: int = 0,
     pq_m: int = 0,
+    quantization: Annotated[
+        str | None, typer.Option(help="none | int8 (flat, hnsw: 1 byte a dimension, rescored)")
+    ] = None,
     reembed: Annotated[bool, typer.Option(help="Re-embed every item's text.")] = False,
     min_recall: Annotated[float, typer.Option(help="Refuse the swap below this recall@10.")] = 0.95,
 ) -> None:
@@ -97,6 +100,10 @@ def rebuild(
         raise typer.BadParameter(
             f"{index_type!r}; use flat, hnsw or ivf_pq", param_hint="--index-type"
         )
+    quantizations = {"none": index_pb2.QUANTIZATION_NONE, "int8": index_pb2.QUANTIZATION_INT8}
+    if quantization is not None and quantization not in quantizations:
+        raise typer.BadParameter(f"{quantization!r}; use none or int8",
+                                 param_hint="--quantization")
     params = index_pb2.IndexParams(
         hnsw_m=hnsw_m,
         hnsw_ef_construction=hnsw_ef_construction,
@@ -104,6 +111,7 @@ def rebuild(
         ivf_nlist=ivf_nlist,
         ivf_nprobe=ivf_nprobe,
         pq_m=pq_m,
+        quantization=quantizations.get(quantization or "", 0),
     )
     request = admin_pb2.RebuildRequest(
         collection=collection,
@@ -111,7 +119,8 @@ def rebuild(
         reembed=reembed,
         min_recall=min_recall,
     )
-    if any((hnsw_m, hnsw_ef_construction, hnsw_ef_search, ivf_nlist, ivf_nprobe, pq_m)):
+    if any((hnsw_m, hnsw_ef_construction, hnsw_ef_search, ivf_nlist, ivf_nprobe, pq_m,
+            quantization)):
         request.params.CopyFrom(params)
     started = time.monotonic()
     last = _follow_rebuild(conn_of(ctx), request)

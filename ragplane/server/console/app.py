@@ -28,6 +28,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ragplane.core.errors import ResourceExhausted, Unauthenticated, Unavailable
+from ragplane.index.backend import Backend
 from ragplane.server.admin import AdminOps
 from ragplane.server.admission import Admission
 from ragplane.server.auth import KeyStore, Principal
@@ -54,7 +55,7 @@ class ConsoleRuntime(Protocol):
     memory: MemoryService
     admin: AdminOps
     keys: KeyStore
-    engine: Any
+    backend: Backend
     started_at: float
 
 

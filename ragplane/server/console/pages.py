@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -43,16 +42,6 @@ def dir_size(path: Path) -> int:
             except OSError:  # removed meanwhile (a checkpoint replaced)
                 continue
     return total
-
-
-def redact(url: str) -> str:
-    """A store URL without its password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class Pages:
@@ -110,19 +99,20 @@ class Pages:
     def store(self, request: Request, form: dict[str, str]):
         st = self.rt.admin.status()
         settings = self.rt.settings
-        replica = getattr(self.rt.engine, "replica", None)  # a PostgreSQL store (as app.py)
+        follower = self.rt.backend.follower  # None: this server is its store's only one
         position = None
-        if replica is not None:
+        if follower is not None:
             position = {
-                "applied": replica.applied, "head_seen": replica.head_seen,
-                "lag_seconds": replica.lag_seconds(), "ready": replica.ready,
-                "broken": replica.broken or "",
+                "applied": follower.applied, "head_seen": follower.head_seen,
+                "lag_seconds": follower.lag_seconds(), "ready": follower.ready,
+                "broken": follower.broken or "",
             }
+            position["servers"], position["leases"] = follower.peers()
         memory = self.rt.memory
         return "store.html", {
             "status": st,
-            "embedded": settings.store == "sqlite",
-            "where": settings.data_dir if settings.store == "sqlite" else redact(settings.store),
+            "embedded": follower is None,
+            "where": self.rt.backend.where,
             "data_dir": settings.data_dir,
             "data_bytes": dir_size(Path(settings.data_dir)),
             "position": position,

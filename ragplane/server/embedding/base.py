@@ -43,6 +43,11 @@ class Embedder(Protocol):
         """Tokens per text without truncation (to refuse over-long texts when asked)."""
         ...
 
+    def timing_twin(self) -> Embedder:
+        """The same vectors from thread pools of its own, for G2's timed runs
+        (Identified.timing_twin; by default the instance itself)."""
+        ...
+
 
 def identity_of(e: Embedder) -> str:
     return f"{e.name}@{e.version}"
@@ -57,6 +62,13 @@ class Identified:
     @property
     def identity(self) -> str:
         return identity_of(self)  # type: ignore[arg-type]
+
+    def timing_twin(self) -> Embedder:
+        """An instance with the same weights, hence the same vectors, whose thread pools are
+        its own, for G2's timed runs of the canonical (server.shadow.timing). Timed runs on
+        the instance that serves share its pool with the requests being served, which slows
+        them more than the shadow's, whose pool is apart. Default: this instance."""
+        return self  # type: ignore[return-value]
 
 
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:

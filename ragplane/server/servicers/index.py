@@ -23,6 +23,7 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
             params=conv.params_from_pb(request.params),
             lexical_index=conv_search.lexical_index_from_pb(request),
             chunks=conv_search.chunking_from_pb(request),
+            exist_ok=request.exist_ok,
         )
         return conv.collection_info_to_pb(info)
 

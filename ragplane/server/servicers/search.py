@@ -4,7 +4,7 @@ import grpc
 
 from ragplane.server import conversions as conv
 from ragplane.server.collections import CollectionService, Grouping
-from ragplane.server.conversions_search import fusion_from_pb
+from ragplane.server.conversions_search import fusion_from_pb, knobs_from_pb
 from ragplane.v1 import search_pb2, search_pb2_grpc
 
 
@@ -27,5 +27,6 @@ class SearchServicer(search_pb2_grpc.SearchServiceServicer):
             is_active=context.is_active,
             chunks_per_hit=request.chunks_per_hit,
             grouping=Grouping(request.group_by, request.group_size, request.group_limit),
+            knobs=knobs_from_pb(request),
         )
         return conv.search_result_to_pb(result, embedder)

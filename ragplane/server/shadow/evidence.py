@@ -1,7 +1,7 @@
-"""Shadow evidence and flips, persisted in SQLite (data_dir/shadow.db), or with a
-PostgreSQL store in its rp_shadow_* tables (`EvidenceStore.in_postgres`), where every
-server of the cluster records its samples and reads everyone's, and where a flip is the
-cluster's (`set_serving` is a compare-and-set on the case's row).
+"""Shadow evidence and flips, persisted in the server's own database (`TABLES`, opened by
+the store the server runs on): SQLite (data_dir/shadow.db), or a shared store's tables,
+where every server of the cluster records its samples and reads everyone's, and where a
+flip is the cluster's (`set_serving` is a compare-and-set on the case's row).
 
 Evidence is kept per case-of-use, shadow release (name@version), canonical (name@version),
 hardware class, phase (`shadow` before a flip, `watch` while the shadow serves) and traffic
@@ -38,16 +38,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ragplane.core.errors import RagplaneError
-from ragplane.core.statedb import Execute, SqliteStateDb, StateDb
+from ragplane.core.serverdb import Execute, ServerDb, SqliteServerDb, Tables
 from ragplane.server.shadow.classes import NAMES
 from ragplane.server.shadow.timing import Timing
 from ragplane.server.shadow.types import FlipEvent
-
-if TYPE_CHECKING:  # psycopg is imported only with a PostgreSQL store
-    from ragplane.index.pg.log import PgStore
 
 _KEY = (
     "use_case TEXT NOT NULL, release TEXT NOT NULL, canonical TEXT NOT NULL, "
@@ -81,11 +77,6 @@ _SQLITE_TABLES = {
     "evidence": "class_evidence", "timings": "batch_timings", "overlap": "overlap",
     "state": "case_state", "history": "history", "seq": "rowid",
 }  # fmt: skip
-_PG_TABLES = {  # ragplane.index.pg.schema, version 2
-    "evidence": "rp_shadow_evidence", "timings": "rp_shadow_timings",
-    "overlap": "rp_shadow_overlap", "state": "rp_shadow_state",
-    "history": "rp_shadow_history", "seq": "seq",
-}  # fmt: skip
 _COLS = "use_case, release, canonical, hardware, phase"
 log = logging.getLogger(__name__)
 MAX_LOW = 5_000
@@ -96,6 +87,7 @@ ACTIVE_GAP_S = 300.0
 # columns a data directory from before them lacks (SQLite: added at open)
 _ADDED = {"skipped": "INTEGER NOT NULL DEFAULT 0", "busy": "INTEGER NOT NULL DEFAULT 0",
           "active_s": "REAL NOT NULL DEFAULT 0.0"}  # fmt: skip
+TABLES = Tables("shadow.db", _SQLITE_TABLES, _SCHEMA, {"evidence": _ADDED})
 
 
 @dataclass(frozen=True)
@@ -141,11 +133,11 @@ class StoredRelease:
 
 
 class EvidenceStore:
-    def __init__(self, path: Path | None = None, *, db: StateDb | None = None) -> None:
+    def __init__(self, path: Path | None = None, *, db: ServerDb | None = None) -> None:
+        """`db`: `TABLES` opened by the server's store; `path`: that SQLite file."""
         if db is None:
             assert path is not None, "EvidenceStore needs a path or a db"
-            db = SqliteStateDb(path, _SQLITE_TABLES, _SCHEMA)
-            _add_columns(db)
+            db = SqliteServerDb(path, TABLES)
         self._db = db
         # counts made on the request path (skips; a shared store's drops), not yet written:
         # (key, class, column) -> n
@@ -153,14 +145,6 @@ class EvidenceStore:
         self._pending_lock = threading.Lock()
         # per release (key): when its latest sample was recorded, on the monotonic clock
         self._last_seen: dict[EvidenceKey, float] = {}
-
-    @classmethod
-    def in_postgres(cls, store: PgStore) -> EvidenceStore:
-        """The evidence of a PostgreSQL store (a `ragplane.index.pg.log.PgStore`, whose
-        pool this uses)."""
-        from ragplane.index.pg.state import PgStateDb
-
-        return cls(db=PgStateDb(store, _PG_TABLES))
 
     @property
     def shared(self) -> bool:
@@ -441,13 +425,3 @@ class EvidenceStore:
             FlipEvent(at, action, serving, bool(forced), reason)
             for at, action, serving, forced, reason in rows
         ]
-
-
-def _add_columns(db: StateDb) -> None:
-    """A SQLite evidence file from before the busy and observed-time columns gets them."""
-    have = {row[1] for row in db.read("PRAGMA table_info({evidence})")}
-    missing = [(c, decl) for c, decl in _ADDED.items() if c not in have]
-    if missing:
-        with db.write() as execute:
-            for column, decl in missing:
-                execute(f"ALTER TABLE {{evidence}} ADD COLUMN {column} {decl}")

@@ -60,6 +60,7 @@ def _class(name: str, row: ClassRow, total: int) -> ClassEvidence:
         time_ratio_upper=t.upper,
         aa_time_ratio=t.aa,
         bb_time_ratio=t.bb,
+        aa_bb_lower=t.asymmetry_lower,
         timed_batches=t.batches,
         errors=row.errors,
         dropped=row.dropped,
@@ -78,11 +79,24 @@ def carried(c: ClassEvidence, g: Gates) -> bool:
     return c.batches > 0 and c.share >= g.min_class_share
 
 
-def floors_agree(aa: float, bb: float, g: Gates) -> bool:
-    """Both orders were timed and the shadow slows the canonical after it no more than
-    max_aa_ratio beyond what the canonical does to the shadow (server.shadow.timing: the
-    other way round only makes the estimate conservative)."""
-    return aa > 0 and bb > 0 and math.log(aa / bb) <= math.log(g.max_aa_ratio) + 1e-12
+def floors_agree(c: ClassEvidence, g: Gates) -> bool:
+    """Both orders were timed and the runs do not show the shadow slowing the canonical
+    after it by more than max_aa_ratio beyond what the canonical does to the shadow: the
+    lower 95% bound of A/A / B/B within it, or the point ratio while too few batches bound
+    it (server.shadow.timing: why a bound; the other way round only makes the estimate
+    conservative)."""
+    aa, bb = c.aa_time_ratio, c.bb_time_ratio
+    if aa <= 0 or bb <= 0:
+        return False
+    shown = c.aa_bb_lower if c.aa_bb_lower > 0 else aa / bb
+    return math.log(shown) <= math.log(g.max_aa_ratio) + 1e-12
+
+
+def _floors_line(c: ClassEvidence) -> str:
+    """A/A against B/B, with the lower bound of their ratio where there is one."""
+    ratio = c.aa_time_ratio / c.bb_time_ratio if c.bb_time_ratio > 0 else 0.0
+    low = f", at least {c.aa_bb_lower:.3f} (95%)" if c.aa_bb_lower > 0 else ""
+    return f"A/A {c.aa_time_ratio:.3f} / B/B {c.bb_time_ratio:.3f} = {ratio:.3f}{low}"
 
 
 def class_g1(c: ClassEvidence, g: Gates) -> bool:
@@ -103,7 +117,7 @@ def busy_covered(c: ClassEvidence, g: Gates) -> bool:
 def class_g2(c: ClassEvidence, g: Gates) -> bool:
     return (
         c.timed_batches >= g.min_timed_batches
-        and floors_agree(c.aa_time_ratio, c.bb_time_ratio, g)
+        and floors_agree(c, g)
         and c.time_ratio_upper <= g.max_time_ratio
         and busy_covered(c, g)
     )
@@ -216,7 +230,7 @@ def _class_line(c: ClassEvidence, g: Gates, *, timing: bool) -> str:
         busy = c.busy_sampled / c.sampled if c.sampled else 0.0
         return (
             f"{head}: ratio={c.time_ratio:.3f} upper95={c.time_ratio_upper:.3f} "
-            f"A/A={c.aa_time_ratio:.3f} B/B={c.bb_time_ratio:.3f} over {c.timed_batches} "
+            f"{_floors_line(c)} over {c.timed_batches} "
             f"batches; {busy:.0%} of samples under load, {c.skipped_busy} skipped busy"
         )
     return f"{head}: n={c.samples} min={c.cosine_min:.6f} mean={c.cosine_mean:.7f}"
@@ -247,11 +261,11 @@ def _g2_missing(cur: ReleaseEvidence, g: Gates) -> list[str]:
     for c in _carried(cur, g):
         if c.timed_batches < g.min_timed_batches:
             miss.append(f"{c.name}: {g.min_timed_batches - c.timed_batches} more timed batches")
-        elif not floors_agree(c.aa_time_ratio, c.bb_time_ratio, g):
+        elif not floors_agree(c, g):
             miss.append(
-                f"{c.name}: the canonical's A/A floor {c.aa_time_ratio:.3f} exceeds the "
-                f"shadow's B/B {c.bb_time_ratio:.3f} by more than {g.max_aa_ratio:g}x (the "
-                "shadow slows the canonical after it), so these timings prove nothing"
+                f"{c.name}: {_floors_line(c)}: the canonical's floor exceeds the shadow's "
+                f"by more than {g.max_aa_ratio:g}x (the shadow slows the canonical after "
+                "it), so these timings prove nothing"
             )
         elif c.time_ratio_upper > g.max_time_ratio:
             miss.append(
@@ -381,7 +395,7 @@ def watch_verdict(ev: ReleaseEvidence, g: Gates) -> tuple[tuple[GateResult, ...]
         if (
             c.carried
             and c.timed_batches >= g.min_timed_batches
-            and floors_agree(c.aa_time_ratio, c.bb_time_ratio, g)
+            and floors_agree(c, g)
             and math.isfinite(c.time_ratio_upper)  # infinite: too few blocks to bound yet
             and c.time_ratio_upper > g.max_time_ratio
         ):
@@ -392,11 +406,11 @@ def watch_verdict(ev: ReleaseEvidence, g: Gates) -> tuple[tuple[GateResult, ...]
         if (
             c.carried
             and c.timed_batches >= g.watch_unproven_batches
-            and not floors_agree(c.aa_time_ratio, c.bb_time_ratio, g)
+            and not floors_agree(c, g)
         ):
             g2.append(
-                f"{c.name}: timings still prove nothing after {c.timed_batches} batches (A/A "
-                f"{c.aa_time_ratio:.3f} vs B/B {c.bb_time_ratio:.3f} beyond {g.max_aa_ratio:g}x)"
+                f"{c.name}: timings still prove nothing after {c.timed_batches} batches "
+                f"({_floors_line(c)}, beyond {g.max_aa_ratio:g}x)"
             )
     gates = (
         GateResult("watch G1", not g1, agreement_gate(ev, g).value, "; ".join(g1)),

@@ -168,8 +168,12 @@ class ShadowManager:
             shadow_first = case.timed.get(cls, 0) % 2 == 1
             case.timed[cls] = case.timed.get(cls, 0) + 1
             shadow_vecs, canon_vecs, timing = self._timing.submit(
-                run_interleaved, case.canonical, case.shadow, texts, shadow_first,
-                case.cfg.timing_pause_ms / 1000,
+                lambda: run_interleaved(
+                    # apart from the instance that serves (Embedder.timing_twin), made on
+                    # this thread at the first timed batch
+                    case.canonical.timing_twin(), case.shadow, texts, shadow_first,
+                    case.cfg.timing_pause_ms / 1000,
+                )
             ).result()  # fmt: skip
             extra["timing"] = timing
             value = shadow_vecs if other is case.shadow else canon_vecs

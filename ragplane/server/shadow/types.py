@@ -38,6 +38,9 @@ class ClassEvidence:
     sampled: int = 0  # compared or failed
     skipped_busy: int = 0  # not sampled: requests were waiting (counted, never silent)
     busy_sampled: int = 0  # of `sampled`, those taken while requests were waiting
+    # the one-sided 95% lower bound of aa_time_ratio / bb_time_ratio (server.shadow.timing);
+    # 0.0: fewer than two timed batches in an order (the point ratio is judged instead)
+    aa_bb_lower: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -13,17 +13,17 @@ T = "default"
 
 
 def _create(
-    engine: Engine, name: str = "docs", dim: int = 8, metric=Metric.L2, kind=IndexType.FLAT
+    engine: Engine, name: str = "docs", dim: int = 8, metric=Metric.L2, index_type=IndexType.FLAT
 ):
     return engine.create_collection(
-        T, name, dim=dim, metric=metric, index_type=kind, embedder="fake@1"
+        T, name, dim=dim, metric=metric, index_type=index_type, embedder="fake@1"
     )
 
 
 def test_create_list_describe_delete(engine):
     info = _create(engine, "b", dim=4)
     assert (info.name, info.dim, info.generation, info.count) == ("b", 4, 1, 0)
-    _create(engine, "a", dim=4, metric=Metric.COSINE, kind=IndexType.HNSW)
+    _create(engine, "a", dim=4, metric=Metric.COSINE, index_type=IndexType.HNSW)
     assert [c.name for c in engine.list_collections(T)] == ["a", "b"]
     assert engine.list_collections("other") == []
     hnsw = engine.describe(T, "a")

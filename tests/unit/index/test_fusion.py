@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragplane.core.errors import InvalidArgument
-from ragplane.index.fusion import check, fuse
+from ragplane.index.fusion import check, fuse, fuse_rows
 from ragplane.index.types import Fusion, FusionMethod
 
 RRF = Fusion(method=FusionMethod.RRF)
@@ -105,3 +105,26 @@ def test_bad_parameters_are_invalid_argument(bad):
 def test_good_parameters_pass():
     for good in (RRF, WEIGHTED, Fusion(rrf_k=1, dense_weight=0.0), Fusion(dense_weight=1.0)):
         assert check(good) is good
+
+
+@pytest.mark.parametrize("fusion", [RRF, WEIGHTED, Fusion(FusionMethod.RRF, 7, 0.3),
+                                    Fusion(FusionMethod.WEIGHTED, 60, 0.8),
+                                    Fusion(dense_weight=0.0)])
+def test_rows_fuse_in_arrays_as_fuse_fuses_them(fusion):
+    # hybrid search over chunks fuses rows keyed (item id, seq) with fuse_rows; it must be
+    # fuse exactly: candidates, scores, ranks and order, ties (by item, then seq) included
+    rnd = random.Random(5)
+    for _ in range(200):
+        seqs = rnd.sample(range(1, 500), rnd.randint(0, 60))
+        items = {s: f"item{rnd.randint(0, 12):02d}" for s in seqs}
+
+        def ranking(items=items, seqs=seqs):
+            chosen = rnd.sample(seqs, rnd.randint(0, len(seqs)))
+            return [(s, items[s], float(rnd.randint(0, 5)) / 4) for s in chosen]
+
+        dense, lexical = ranking(), ranking()
+        want = fuse([((i, s), x) for s, i, x in dense], [((i, s), x) for s, i, x in lexical],
+                    fusion)
+        got = fuse_rows(dense, lexical, fusion)
+        assert got.all() == want
+        assert got.rows() == [(f.id[1], f.id[0], f.score) for f in want]

@@ -21,8 +21,9 @@ from .vectors import brute_force, make_records, make_vectors, normalise
 T = "default"
 
 
-def _fill(eng: Engine, n: int, dim: int = 16, kind=IndexType.FLAT, metric=Metric.COSINE, seed=0):
-    eng.create_collection(T, "c", dim=dim, metric=metric, index_type=kind, embedder="old@1")
+def _fill(eng: Engine, n: int, dim: int = 16, index_type=IndexType.FLAT, metric=Metric.COSINE,
+          seed=0):
+    eng.create_collection(T, "c", dim=dim, metric=metric, index_type=index_type, embedder="old@1")
     x = make_vectors(n, dim, seed=seed)
     recs = make_records(x, metadata=lambda i: {"i": i})
     for lo in range(0, n, 1000):
@@ -277,7 +278,7 @@ def test_ivf_pq_trains_at_rebuild_and_falls_back_to_flat(engine):
 def test_compact_drops_tombstones(tmp_path):
     data = tmp_path / "d"
     with Engine(data) as eng:
-        x = _fill(eng, 1000, 8, kind=IndexType.HNSW)
+        x = _fill(eng, 1000, 8, index_type=IndexType.HNSW)
         eng.create_collection(
             T, "other", dim=4, metric=Metric.L2, index_type=IndexType.FLAT, embedder="e"
         )
@@ -307,7 +308,7 @@ def test_compact_drops_tombstones(tmp_path):
 def test_snapshot_and_restore(tmp_path):
     data, snap, restored = tmp_path / "d", tmp_path / "snap", tmp_path / "r"
     with Engine(data) as eng:
-        x = _fill(eng, 500, 8, kind=IndexType.HNSW)
+        x = _fill(eng, 500, 8, index_type=IndexType.HNSW)
         eng.rebuild(T, "c", index_type=IndexType.FLAT)
         size = eng.snapshot(snap)
         assert size > 0
@@ -404,7 +405,7 @@ def test_snapshot_during_writes_is_consistent(tmp_path):
     stop = threading.Event()
     errors: list[BaseException] = []
     with Engine(data) as eng:
-        _fill(eng, 300, 8, kind=IndexType.HNSW)
+        _fill(eng, 300, 8, index_type=IndexType.HNSW)
 
         def writer():
             i = 0

@@ -50,3 +50,21 @@ def brute_force(
         scores = queries @ base.T
     order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     return np.take_along_axis(scores, order, axis=1), order
+
+
+def embedding_like(
+    n: int, dim: int, seed: int = 0, *, topics: int = 50, latent: int = 16
+) -> np.ndarray:
+    """[n, dim] unit float32 vectors shaped like text embeddings: topics in a `latent`-
+    dimensional space (most of an embedding's variance lies in few directions), projected
+    into `dim`, with small isotropic noise. Nearest neighbours are close but not
+    duplicates, so an approximate index misses some: recall below 1 that moves with its
+    parameters. The same arguments give the same vectors; another seed gives new points of
+    the same topics: held-out queries."""
+    rng = np.random.default_rng(1_000_003)  # topics and projection: shared by every seed
+    centres = rng.standard_normal((topics, latent))
+    proj = rng.standard_normal((latent, dim)) / np.sqrt(latent)
+    rng = np.random.default_rng(seed)
+    z = centres[rng.integers(0, topics, n)] + 0.6 * rng.standard_normal((n, latent))
+    x = z @ proj + 0.15 * rng.standard_normal((n, dim))
+    return np.ascontiguousarray(normalise(x), dtype=np.float32)

@@ -11,9 +11,15 @@ import pytest
 
 from ragplane.core.errors import Unauthenticated, Unavailable
 from ragplane.index.pg.log import PgStore
+from ragplane.index.pg.serverdb import PgServerDb
 from ragplane.server import auth
 from ragplane.server.auth import KeyStore
 from ragplane.testkit.postgres import until
+
+
+def in_postgres(store: PgStore) -> KeyStore:
+    """The keys in a PostgreSQL store's tables, as a server on it opens them."""
+    return KeyStore(db=PgServerDb(store, auth.TABLES))
 
 EMBED = "/ragplane.v1.EmbedService/Embed"
 
@@ -23,7 +29,7 @@ def two(pg_store):
     """KeyStores of server A and server B on one database, each with its own pool."""
     other = PgStore(pg_store.url)
     other.migrate()
-    a, b = KeyStore.in_postgres(pg_store), KeyStore.in_postgres(other)
+    a, b = in_postgres(pg_store), in_postgres(other)
     yield a, b
     a.close()
     b.close()
@@ -110,7 +116,7 @@ def test_postgres_down_is_unavailable_and_back_without_a_restart():
     with LocalPostgres() as pg:
         store = PgStore(pg.create_database("keys"))
         store.migrate()
-        keys = KeyStore.in_postgres(store)
+        keys = in_postgres(store)
         try:
             _, secret = keys.create("t1", ["read"])
             pg.pg_ctl("stop")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from ragplane.index.engine import Engine
+from ragplane.index.pg.engine import PgEngine
+from ragplane.index.pg.follower import LogFollower
 from ragplane.index.pg.log import PgStore
-from ragplane.index.pg.replica import Replica
-from ragplane.index.pg.shared import SharedEngine
 from ragplane.index.types import IndexType, Metric, Record
 from ragplane.server.embedding.fake import FakeEmbedder
 from ragplane.server.embedding.service import EmbeddingService
@@ -22,15 +22,15 @@ T = "anonymous"
 DIM = 64  # the fake embedder's, for the memory namespace
 
 
-def _engine(url, path, *, follow: bool, pool_size: int = 8) -> SharedEngine:
-    rep = Replica(PgStore(url, max_size=pool_size), path, lambda p, durable=True: Engine(
+def _engine(url, path, *, follow: bool, pool_size: int = 8) -> PgEngine:
+    fol = LogFollower(PgStore(url, max_size=pool_size), path, lambda p, durable=True: Engine(
         p, durable=durable))
     if follow:
-        rep.start()
+        fol.start()
     else:  # it learns of the other server's writes only by writing: every write conflicts
-        rep.catch_up()
-        rep.ready = True
-    return SharedEngine(rep)
+        fol.catch_up()
+        fol.ready = True
+    return PgEngine(fol)
 
 
 def _recs(ids, seed):
@@ -39,8 +39,8 @@ def _recs(ids, seed):
             for i in ids]
 
 
-def _backend(e: SharedEngine) -> int:
-    with e.replica.store.conn() as c:
+def _backend(e: PgEngine) -> int:
+    with e.follower.store.conn() as c:
         return c.info.backend_pid
 
 
@@ -54,7 +54,7 @@ def test_one_connection_serves_every_write_after_more_conflicts_than_the_prepare
         a.create_collection(T, "docs", dim=DIM, metric=Metric.COSINE,
                             index_type=IndexType.FLAT, embedder="e@1")
         pid = _backend(a)
-        with a.replica.store.conn() as c:
+        with a.follower.store.conn() as c:
             # no statement is prepared on the server, so none can go missing: today's
             # upsert no longer aborts its pipeline on a conflict, so the rounds below
             # would not catch server-side preparation coming back on their own
@@ -74,7 +74,7 @@ def test_one_connection_serves_every_write_after_more_conflicts_than_the_prepare
         mid, dedup = memory.remember("notes", "the meeting moved to Thursday")
         assert mid and not dedup
         assert _backend(a) == pid
-        b.replica.wait_for(a.position(), 5.0)
+        b.follower.wait_for(a.position(), 5.0)
         assert [r.id for r in b.get(T, "docs", ["after", f"dup{rounds - 1}"])] == [
             "after", f"dup{rounds - 1}"]
         assert {i.name for i in b.list_collections(T)} >= {"docs", "more"}

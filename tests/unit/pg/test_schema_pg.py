@@ -7,6 +7,7 @@ import threading
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from ragplane.index.pg import schema
 
@@ -18,6 +19,13 @@ V2_TABLES = {
 
 def tables(c: psycopg.Connection) -> set[str]:
     rows = c.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()
+    return {r[0] for r in rows}
+
+
+def columns(c: psycopg.Connection, table: str) -> set[str]:
+    rows = c.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = %s", (table,)
+    ).fetchall()
     return {r[0] for r in rows}
 
 
@@ -33,8 +41,8 @@ def make_v1(url: str) -> str:
     return store_id
 
 
-def test_the_newest_version_is_4_with_the_servers_state_tables_and_the_head_guard():
-    assert schema.VERSION == 4 == max(schema.UPGRADES)
+def test_the_newest_version_is_5_without_the_logs_vectors_column():
+    assert schema.VERSION == 5 == max(schema.UPGRADES)
 
 
 def test_a_version_1_database_upgrades_in_place_keeping_its_data(db_url):
@@ -54,6 +62,7 @@ def test_a_version_1_database_upgrades_in_place_keeping_its_data(db_url):
             "WHERE table_name = 'rp_shadow_evidence'"
         ).fetchall()}
         assert {"skipped", "busy", "active_s"} <= shadow  # version 4
+        assert "vectors" not in columns(c, "rp_changes")  # version 5
         assert schema.migrate(c) == store_id  # again: nothing to do
         assert schema.current_version(c) == schema.VERSION
         c.execute("SELECT rp_expect_head(1)")  # the head is 1: passes
@@ -88,3 +97,67 @@ def test_servers_migrating_at_once_do_not_race(db_url, start):
     with psycopg.connect(db_url, autocommit=True) as c:
         assert schema.current_version(c) == schema.VERSION
         assert c.execute("SELECT count(*) FROM rp_meta").fetchone()[0] == 1
+
+
+def test_a_version_4_log_upgrades_and_its_changes_stay_readable(db_url, tmp_path):
+    """A store at the previous version, its log written as servers of that version wrote
+    it (every operation, an upsert's `vectors` NULL): after the upgrade the column is gone
+    and every change decodes to its operation and applies to a fresh cache."""
+    from ragplane.index.engine import Engine
+    from ragplane.index.pg import changes, codec
+    from ragplane.index.pg.log import PgStore
+    from ragplane.index.types import Chunking, IndexParams, IndexType, Kind, Metric
+
+    before = {v: sql for v, sql in schema.UPGRADES.items() if v <= 4}
+    config = {"dim": 2, "metric": "cosine", "index_type": "flat", "embedder": "e@1",
+              "params": codec.params_to_json(IndexParams()), "lexical_index": True,
+              "chunking": codec.chunking_to_json(Chunking())}
+    logged = [
+        {"op": "create", "tenant": "t", "name": "docs", "kind": "collection", **config},
+        {"op": "upsert", "tenant": "t", "name": "docs", "kind": "collection", "dim": 2,
+         "count": 2},
+        {"op": "delete", "tenant": "t", "name": "docs", "ids": ["b"], "kind": "collection"},
+        {"op": "embedder", "tenant": "t", "name": "docs", "embedder": "e@2",
+         "kind": "collection"},
+        {"op": "rebuild", "tenant": "t", "name": "docs", "min_recall": 0.0,
+         "index_type": "flat", "params": config["params"], "kind": "collection"},
+        {"op": "rollback", "tenant": "t", "name": "docs", "kind": "collection"},
+    ]
+    vec = b"\x00\x00\x80\x3f\x00\x00\x00\x00"  # [1, 0] as little-endian float32
+    with psycopg.connect(db_url, autocommit=True) as c:
+        store_id = schema.migrate(c, before)
+        assert schema.current_version(c) == 4 and "vectors" in columns(c, "rp_changes")
+        for pos, op in enumerate(logged, 1):
+            c.execute("INSERT INTO rp_changes (pos, op, vectors) VALUES (%s, %s, NULL)",
+                      (pos, Jsonb(op)))
+        c.execute("UPDATE rp_head SET pos = %s", (len(logged),))
+        for item in ("a", "b"):
+            c.execute("INSERT INTO rp_items VALUES ('t', 'collection', 'docs', %s, 2, %s, %s)",
+                      (item, Jsonb({"id": item, "text": item,
+                                                       "metadata": {}}), vec))
+    store = PgStore(db_url)
+    try:
+        assert store.migrate() == store_id
+        with store.conn() as c:
+            assert schema.current_version(c) == 5 and "vectors" not in columns(c, "rp_changes")
+        got = store.changes_after(0)
+        assert [ch.pos for ch in got] == [1, 2, 3, 4, 5, 6]
+        assert [ch.op.encode()["op"] for ch in got] == [op["op"] for op in logged]
+        create, upsert, delete = got[0].op, got[1].op, got[2].op
+        assert isinstance(create, changes.Create) and create.kind is Kind.COLLECTION
+        assert create.config.dim == 2 and create.config.metric is Metric.COSINE
+        assert isinstance(upsert, changes.Upsert) and (upsert.dim, upsert.count) == (2, 2)
+        assert isinstance(delete, changes.Delete) and delete.ids == ("b",)
+        assert isinstance(got[4].op, changes.Rebuild) and got[4].op.index_type is IndexType.FLAT
+        for ch in got:  # each encodes to what decodes to itself
+            assert changes.decode(ch.op.encode()) == ch.op
+        with Engine(tmp_path / "cache") as cache:
+            for ch in got:
+                ch.op.apply(cache, store, ch.pos)
+            info = cache.describe("t", "docs")
+            assert info.count == 1 and info.embedder == "e@2"
+            assert [r.id for r in cache.get("t", "docs", ["a", "b"])] == ["a"]
+        with pytest.raises(ValueError, match="unknown operation 'merge'"):
+            changes.decode({"op": "merge", "tenant": "t", "kind": "collection", "name": "x"})
+    finally:
+        store.close()

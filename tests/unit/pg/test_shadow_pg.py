@@ -12,6 +12,7 @@ import pytest
 
 from ragplane.core.errors import Unavailable
 from ragplane.index.pg.log import PgStore
+from ragplane.index.pg.serverdb import PgServerDb
 from ragplane.server.embedding.fake import FakeEmbedder
 from ragplane.server.shadow import evidence
 from ragplane.server.shadow import manager as manager_module
@@ -20,6 +21,11 @@ from ragplane.server.shadow.evidence import EvidenceKey, EvidenceStore
 from ragplane.server.shadow.manager import ShadowManager
 from ragplane.testkit.postgres import until
 from tests.unit.shadow import LAX
+
+
+def in_postgres(store: PgStore) -> EvidenceStore:
+    """The evidence in a PostgreSQL store's tables, as a server on it opens them."""
+    return EvidenceStore(db=PgServerDb(store, evidence.TABLES))
 
 KEY = EvidenceKey("embeddings", "s@2", "c@1", "cpu")
 WATCH = dataclasses.replace(KEY, phase="watch")
@@ -69,7 +75,7 @@ def untimed(s: EvidenceStore) -> tuple:
 
 
 def test_the_shared_store_holds_the_same_evidence_as_sqlite(tmp_path, pg_store):
-    lite, shared = EvidenceStore(tmp_path / "shadow.db"), EvidenceStore.in_postgres(pg_store)
+    lite, shared = EvidenceStore(tmp_path / "shadow.db"), in_postgres(pg_store)
     try:
         assert not lite.shared and shared.shared
         for s in (lite, shared):
@@ -90,7 +96,7 @@ def test_the_shared_store_holds_the_same_evidence_as_sqlite(tmp_path, pg_store):
 
 
 def test_servers_recording_at_once_lose_no_sample(pools):
-    stores = [EvidenceStore.in_postgres(p) for p in pools]
+    stores = [in_postgres(p) for p in pools]
     n, per, batch = 4, 25, [0.99, 0.98, 0.97]
 
     def worker(i: int) -> None:
@@ -111,7 +117,7 @@ def test_servers_recording_at_once_lose_no_sample(pools):
 def test_a_drop_on_the_request_path_does_not_wait_on_postgres(pg_store, monkeypatch):
     """Drops are counted in memory and written with the next write or read; a write that
     fails keeps them counted."""
-    s = EvidenceStore.in_postgres(pg_store)
+    s = in_postgres(pg_store)
     real = s._db.write
 
     def unreachable():
@@ -152,7 +158,7 @@ def race(stores: list[EvidenceStore], serving: str, expect: str, action: str) ->
 
 
 def test_of_servers_flipping_at_once_exactly_one_wins(pools):
-    stores = [EvidenceStore.in_postgres(p) for p in pools]
+    stores = [in_postgres(p) for p in pools]
     stores[0].record_agreement(WATCH, "short", [0.5])  # an earlier watch: its record stays
     for serving, expect, action in (("s@2", "c@1", "flip"), ("c@1", "s@2", "unflip")):
         assert race(stores, serving, expect, action) == [False] * 7 + [True]
@@ -163,7 +169,7 @@ def test_of_servers_flipping_at_once_exactly_one_wins(pools):
 
 
 def test_the_history_is_in_commit_order_whatever_the_servers_clocks_say(pools, monkeypatch):
-    a, b = (EvidenceStore.in_postgres(p) for p in pools)
+    a, b = (in_postgres(p) for p in pools)
     monkeypatch.setattr(evidence.time, "time", lambda: 2000.0)  # A's clock is ahead
     assert a.set_serving("embeddings", "s@2", "flip", True, "forced", expect="c@1")
     monkeypatch.setattr(evidence.time, "time", lambda: 1000.0)
@@ -183,7 +189,7 @@ def managers(pools, policy: str = "manual"):
             {"embeddings": cfg},
             FakeEmbedder(),
             {"embeddings": FakeEmbedder(version="2")},
-            EvidenceStore.in_postgres(p),
+            in_postgres(p),
         )  # fmt: skip
         for p in pools
     ]

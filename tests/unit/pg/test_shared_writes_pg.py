@@ -1,4 +1,4 @@
-"""The shared engine's upsert (sent to PostgreSQL before its position is known, written
+"""The PostgreSQL store's upsert (sent to PostgreSQL before its position is known, written
 to the cache meanwhile) and the cache's unsynced commits, on a real PostgreSQL: two
 servers' engines on one database, the second one not following the log by itself."""
 
@@ -11,11 +11,12 @@ import psycopg
 import pytest
 
 from ragplane.core.errors import InvalidArgument, NotFound
+from ragplane.index import writes
 from ragplane.index.engine import Engine
-from ragplane.index.pg import replica as replica_mod
+from ragplane.index.pg import follower as follower_mod
+from ragplane.index.pg.engine import PgEngine
+from ragplane.index.pg.follower import STATE_FILE, LogFollower
 from ragplane.index.pg.log import PgStore
-from ragplane.index.pg.replica import STATE_FILE, Replica
-from ragplane.index.pg.shared import SharedEngine
 from ragplane.index.types import IndexType, Metric, Record
 
 T = "t"
@@ -25,15 +26,15 @@ def open_engine(path, durable=True):
     return Engine(path, durable=durable)
 
 
-def server(url, path, follow=True) -> SharedEngine:
+def server(url, path, follow=True) -> PgEngine:
     """A server's engine; without `follow`, it learns of other writes only by writing."""
-    rep = Replica(PgStore(url), path, open_engine)
+    fol = LogFollower(PgStore(url), path, open_engine)
     if follow:
-        rep.start()
+        fol.start()
     else:
-        rep.catch_up()
-        rep.ready = True
-    return SharedEngine(rep)
+        fol.catch_up()
+        fol.ready = True
+    return PgEngine(fol)
 
 
 def recs(ids, dim, seed=0):
@@ -42,7 +43,7 @@ def recs(ids, dim, seed=0):
             for k, i in enumerate(ids)]
 
 
-def create(e: SharedEngine, name: str, dim: int) -> None:
+def create(e: PgEngine, name: str, dim: int) -> None:
     e.create_collection(T, name, dim=dim, metric=Metric.COSINE, index_type=IndexType.FLAT,
                         embedder="e@1")
 
@@ -88,22 +89,22 @@ def test_a_write_after_another_servers_applies_that_first(two, db_url, caplog):
     create(a, "docs", 8)
     a.upsert(T, "docs", recs(["a1"], 8))
     b.upsert(T, "docs", recs(["b2"], 8))  # b still thinks dim 4
-    assert b.position() == a.replica.store.head() == 6
+    assert b.position() == a.follower.store.head() == 6
     assert sorted(r.id for r in b.get(T, "docs", ["a1", "b1", "b2"])) == ["a1", "b2"]
     with psycopg.connect(db_url) as c:
         (op,) = c.execute("SELECT op FROM rp_changes WHERE pos = 6").fetchone()
     assert op["dim"] == 8  # what the collection is at that position, not what b thought
-    a.replica.wait_for(6, 5.0)
+    a.follower.wait_for(6, 5.0)
     assert sorted(r.id for r in a.get(T, "docs", ["a1", "b2"])) == ["a1", "b2"]
-    assert a.replica.broken is None and "reloading" not in caplog.text
+    assert a.follower.broken is None and "reloading" not in caplog.text
     a.upsert(T, "docs", recs(["a2"], 8))  # b's check passes on its old state: the guard
     b.upsert(T, "docs", recs(["b3"], 8))  # fails b's COMMIT; b applies a2, sends it again
-    assert b.position() == a.replica.store.head() == 8
+    assert b.position() == a.follower.store.head() == 8
     assert sorted(r.id for r in b.get(T, "docs", ["a2", "b3"])) == ["a2", "b3"]
     a.upsert(T, "docs", recs(["same"], 8, seed=1))  # new to b, not to PostgreSQL: b's
     mine = recs(["same"], 8, seed=2)  # plain INSERT conflicts, it applies a's, replaces it
     b.upsert(T, "docs", mine)
-    a.replica.wait_for(b.position(), 5.0)
+    a.follower.wait_for(b.position(), 5.0)
     for e in (a, b):
         (got,) = e.get(T, "docs", ["same"], include_vectors=True)
         np.testing.assert_allclose(got.vector, mine[0].vector / np.linalg.norm(mine[0].vector),
@@ -131,12 +132,38 @@ def test_wrong_input_commits_nothing_anywhere(two, db_url):
     assert state(db_url) == (before[0] + 1, before[1] + 1)
 
 
+def test_the_cache_commits_only_after_postgresql_and_a_failure_after_it_is_acknowledged(
+    two, db_url, monkeypatch, caplog
+):
+    """The cache's write of an upsert brackets PostgreSQL's COMMIT: a failure before the
+    COMMIT leaves nothing anywhere; a failure after it is acknowledged (PostgreSQL has the
+    rows) and this cache is marked for reloading (b: no thread reloads it meanwhile)."""
+    _, b = two
+    create(b, "docs", 4)
+    before = state(db_url)
+
+    def fails(*args, **kwargs):
+        raise OSError("disk gone")
+
+    with monkeypatch.context() as m:
+        m.setattr(writes.repo, "replace_items", fails)  # the cache's rows, before COMMIT
+        with pytest.raises(OSError, match="disk gone"):
+            b.upsert(T, "docs", recs(["x"], 4))
+    assert state(db_url) == before and b.position() == before[0]
+    with monkeypatch.context() as m:
+        m.setattr(writes, "_index", fails)  # FAISS, after both commits
+        assert b.upsert(T, "docs", recs(["y"], 4)) == 1
+    assert state(db_url) == (before[0] + 1, before[1] + 1) and b.position() == before[0] + 1
+    assert "was not applied here: disk gone" in (b.follower.broken or "")
+    assert "applying position" in caplog.text
+
+
 def test_the_cache_does_not_sync_its_commits_but_says_when_it_is_open(db_url, tmp_path):
     e = server(db_url, tmp_path / "a")
     create(e, "docs", 4)
     assert e.local._ctx.writer.execute("PRAGMA synchronous").fetchone()[0] == 0  # OFF
     saved = json.loads((tmp_path / "a" / STATE_FILE).read_text())
-    assert saved["open"] is True and saved["boot"] == replica_mod.BOOT
+    assert saved["open"] is True and saved["boot"] == follower_mod.BOOT
     e.close()
     saved = json.loads((tmp_path / "a" / STATE_FILE).read_text())
     assert saved["open"] is False and saved["pos"] == 1

@@ -111,6 +111,46 @@ def test_timings_run_at_the_managers_priority_not_the_niced_workers(tmp_path):
             m.close()
 
 
+class Twinned(FakeEmbedder):
+    """Counts its embeds; its timing twin is another instance that counts its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.twin: Twinned | None = None
+
+    def embed(self, texts, normalize=True):
+        self.calls += 1
+        return super().embed(texts, normalize)
+
+    def timing_twin(self):
+        if self.twin is None:
+            self.twin = Twinned()
+        return self.twin
+
+
+def test_timed_runs_use_the_canonicals_twin_not_the_serving_instance(tmp_path):
+    """Timed runs on the instance that serves share its thread pool with the requests being
+    served and are slowed more than the shadow's (bench.aa_floor): they run on the twin."""
+    canonical, shadow = Twinned(), FakeEmbedder(version="2")
+    pairs = {
+        "embeddings": PairConfig("embeddings", "fake", "fake", sample_rate=1.0, timing_rate=1.0)
+    }
+    m = ShadowManager(pairs, canonical, {"embeddings": shadow}, EvidenceStore(tmp_path / "t.db"))
+    try:
+        texts = ["one text", "another text"]
+        vecs = canonical.embed(texts, normalize=False)
+        for _ in range(4):
+            m.observe("embeddings", texts, vecs, 0.01, canonical.identity, [4, 4])
+        m.drain()
+        (rel,) = m.status()[0].releases
+        assert rel.timed_batches == 4
+        assert canonical.calls == 1  # only the served batch above
+        assert canonical.twin is not None and canonical.twin.calls >= 4  # A/B/A: twice each
+    finally:
+        m.close()
+
+
 def test_auto_flips_once_and_an_admin_unflip_sticks(tmp_path):
     canonical, shadow = FakeEmbedder(), FakeEmbedder(version="2")
     gates = replace(LAX, min_samples=20, min_timed_batches=5, max_time_ratio=1e9)

@@ -27,7 +27,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from ragplane_client.v1 import common_pb2 as ragplane_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ragplane/v1/search.proto\x12\x0bragplane.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x18ragplane/v1/common.proto\"\x81\x03\n\rSearchRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12%\n\x06vector\x18\x03 \x01(\x0b\x32\x13.ragplane.v1.VectorH\x00\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12#\n\x06\x66ilter\x18\x05 \x01(\x0b\x32\x13.ragplane.v1.Filter\x12\x14\n\x0cinclude_text\x18\x06 \x01(\x08\x12\x18\n\x10include_metadata\x18\x07 \x01(\x08\x12%\n\x04mode\x18\x08 \x01(\x0e\x32\x17.ragplane.v1.SearchMode\x12#\n\x06\x66usion\x18\t \x01(\x0b\x32\x13.ragplane.v1.Fusion\x12\x16\n\x0e\x63hunks_per_hit\x18\n \x01(\x05\x12\x10\n\x08group_by\x18\x0b \x01(\t\x12\x12\n\ngroup_size\x18\x0c \x01(\x05\x12\x13\n\x0bgroup_limit\x18\r \x01(\x05\x12\x19\n\x11\x63onsistency_token\x18\x0e \x01(\tB\x07\n\x05query\"R\n\x08\x43hunkHit\x12\r\n\x05index\x18\x01 \x01(\x05\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x03\x12\r\n\x05score\x18\x04 \x01(\x02\x12\x0c\n\x04text\x18\x05 \x01(\t\"O\n\x08HitGroup\x12#\n\x03key\x18\x01 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x1e\n\x04hits\x18\x02 \x03(\x0b\x32\x10.ragplane.v1.Hit\"\x82\x02\n\x03Hit\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12)\n\x08metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x18\n\x0b\x64\x65nse_score\x18\x05 \x01(\x02H\x00\x88\x01\x01\x12\x1a\n\rlexical_score\x18\x06 \x01(\x02H\x01\x88\x01\x01\x12\x18\n\x0b\x66used_score\x18\x07 \x01(\x02H\x02\x88\x01\x01\x12%\n\x06\x63hunks\x18\x08 \x03(\x0b\x32\x15.ragplane.v1.ChunkHitB\x0e\n\x0c_dense_scoreB\x10\n\x0e_lexical_scoreB\x0e\n\x0c_fused_score\"\x91\x01\n\x0eSearchResponse\x12\x1e\n\x04hits\x18\x01 \x03(\x0b\x32\x10.ragplane.v1.Hit\x12\x12\n\nreturned_k\x18\x02 \x01(\x05\x12\x12\n\nexhaustive\x18\x03 \x01(\x08\x12\x10\n\x08\x65mbedder\x18\x04 \x01(\t\x12%\n\x06groups\x18\x05 \x03(\x0b\x32\x15.ragplane.v1.HitGroup2W\n\rSearchService\x12\x46\n\x06Search\x12\x1a.ragplane.v1.SearchRequest\x1a\x1b.ragplane.v1.SearchResponse\"\x03\x90\x02\x01\x42?Z=github.com/ragplane/ragplane/clients/go/ragplanev1;ragplanev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ragplane/v1/search.proto\x12\x0bragplane.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x18ragplane/v1/common.proto\"\xac\x03\n\rSearchRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12%\n\x06vector\x18\x03 \x01(\x0b\x32\x13.ragplane.v1.VectorH\x00\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12#\n\x06\x66ilter\x18\x05 \x01(\x0b\x32\x13.ragplane.v1.Filter\x12\x14\n\x0cinclude_text\x18\x06 \x01(\x08\x12\x18\n\x10include_metadata\x18\x07 \x01(\x08\x12%\n\x04mode\x18\x08 \x01(\x0e\x32\x17.ragplane.v1.SearchMode\x12#\n\x06\x66usion\x18\t \x01(\x0b\x32\x13.ragplane.v1.Fusion\x12\x16\n\x0e\x63hunks_per_hit\x18\n \x01(\x05\x12\x10\n\x08group_by\x18\x0b \x01(\t\x12\x12\n\ngroup_size\x18\x0c \x01(\x05\x12\x13\n\x0bgroup_limit\x18\r \x01(\x05\x12\x19\n\x11\x63onsistency_token\x18\x0e \x01(\t\x12)\n\x06params\x18\x0f \x01(\x0b\x32\x19.ragplane.v1.SearchParamsB\x07\n\x05query\"\x8f\x01\n\x0cSearchParams\x12\x16\n\tef_search\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x06nprobe\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\r\n\x05\x65xact\x18\x03 \x01(\x08\x12\x19\n\x0coversampling\x18\x04 \x01(\x02H\x02\x88\x01\x01\x42\x0c\n\n_ef_searchB\t\n\x07_nprobeB\x0f\n\r_oversampling\"R\n\x08\x43hunkHit\x12\r\n\x05index\x18\x01 \x01(\x05\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x03\x12\r\n\x05score\x18\x04 \x01(\x02\x12\x0c\n\x04text\x18\x05 \x01(\t\"O\n\x08HitGroup\x12#\n\x03key\x18\x01 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x1e\n\x04hits\x18\x02 \x03(\x0b\x32\x10.ragplane.v1.Hit\"\x82\x02\n\x03Hit\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12)\n\x08metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x18\n\x0b\x64\x65nse_score\x18\x05 \x01(\x02H\x00\x88\x01\x01\x12\x1a\n\rlexical_score\x18\x06 \x01(\x02H\x01\x88\x01\x01\x12\x18\n\x0b\x66used_score\x18\x07 \x01(\x02H\x02\x88\x01\x01\x12%\n\x06\x63hunks\x18\x08 \x03(\x0b\x32\x15.ragplane.v1.ChunkHitB\x0e\n\x0c_dense_scoreB\x10\n\x0e_lexical_scoreB\x0e\n\x0c_fused_score\"\x91\x01\n\x0eSearchResponse\x12\x1e\n\x04hits\x18\x01 \x03(\x0b\x32\x10.ragplane.v1.Hit\x12\x12\n\nreturned_k\x18\x02 \x01(\x05\x12\x12\n\nexhaustive\x18\x03 \x01(\x08\x12\x10\n\x08\x65mbedder\x18\x04 \x01(\t\x12%\n\x06groups\x18\x05 \x03(\x0b\x32\x15.ragplane.v1.HitGroup2W\n\rSearchService\x12\x46\n\x06Search\x12\x1a.ragplane.v1.SearchRequest\x1a\x1b.ragplane.v1.SearchResponse\"\x03\x90\x02\x01\x42?Z=github.com/ragplane/ragplane/clients/go/ragplanev1;ragplanev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,15 +38,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SEARCHSERVICE'].methods_by_name['Search']._loaded_options = None
   _globals['_SEARCHSERVICE'].methods_by_name['Search']._serialized_options = b'\220\002\001'
   _globals['_SEARCHREQUEST']._serialized_start=98
-  _globals['_SEARCHREQUEST']._serialized_end=483
-  _globals['_CHUNKHIT']._serialized_start=485
-  _globals['_CHUNKHIT']._serialized_end=567
-  _globals['_HITGROUP']._serialized_start=569
-  _globals['_HITGROUP']._serialized_end=648
-  _globals['_HIT']._serialized_start=651
-  _globals['_HIT']._serialized_end=909
-  _globals['_SEARCHRESPONSE']._serialized_start=912
-  _globals['_SEARCHRESPONSE']._serialized_end=1057
-  _globals['_SEARCHSERVICE']._serialized_start=1059
-  _globals['_SEARCHSERVICE']._serialized_end=1146
+  _globals['_SEARCHREQUEST']._serialized_end=526
+  _globals['_SEARCHPARAMS']._serialized_start=529
+  _globals['_SEARCHPARAMS']._serialized_end=672
+  _globals['_CHUNKHIT']._serialized_start=674
+  _globals['_CHUNKHIT']._serialized_end=756
+  _globals['_HITGROUP']._serialized_start=758
+  _globals['_HITGROUP']._serialized_end=837
+  _globals['_HIT']._serialized_start=840
+  _globals['_HIT']._serialized_end=1098
+  _globals['_SEARCHRESPONSE']._serialized_start=1101
+  _globals['_SEARCHRESPONSE']._serialized_end=1246
+  _globals['_SEARCHSERVICE']._serialized_start=1248
+  _globals['_SEARCHSERVICE']._serialized_end=1335
 # @@protoc_insertion_point(module_scope)

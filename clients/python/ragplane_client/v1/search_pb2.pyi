@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SearchRequest(_message.Message):
-    __slots__ = ("collection", "text", "vector", "top_k", "filter", "include_text", "include_metadata", "mode", "fusion", "chunks_per_hit", "group_by", "group_size", "group_limit", "consistency_token")
+    __slots__ = ("collection", "text", "vector", "top_k", "filter", "include_text", "include_metadata", "mode", "fusion", "chunks_per_hit", "group_by", "group_size", "group_limit", "consistency_token", "params")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     VECTOR_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class SearchRequest(_message.Message):
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     GROUP_LIMIT_FIELD_NUMBER: _ClassVar[int]
     CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
     collection: str
     text: str
     vector: _common_pb2.Vector
@@ -39,7 +40,20 @@ class SearchRequest(_message.Message):
     group_size: int
     group_limit: int
     consistency_token: str
-    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ..., top_k: _Optional[int] = ..., filter: _Optional[_Union[_common_pb2.Filter, _Mapping]] = ..., include_text: _Optional[bool] = ..., include_metadata: _Optional[bool] = ..., mode: _Optional[_Union[_common_pb2.SearchMode, str]] = ..., fusion: _Optional[_Union[_common_pb2.Fusion, _Mapping]] = ..., chunks_per_hit: _Optional[int] = ..., group_by: _Optional[str] = ..., group_size: _Optional[int] = ..., group_limit: _Optional[int] = ..., consistency_token: _Optional[str] = ...) -> None: ...
+    params: SearchParams
+    def __init__(self, collection: _Optional[str] = ..., text: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ..., top_k: _Optional[int] = ..., filter: _Optional[_Union[_common_pb2.Filter, _Mapping]] = ..., include_text: _Optional[bool] = ..., include_metadata: _Optional[bool] = ..., mode: _Optional[_Union[_common_pb2.SearchMode, str]] = ..., fusion: _Optional[_Union[_common_pb2.Fusion, _Mapping]] = ..., chunks_per_hit: _Optional[int] = ..., group_by: _Optional[str] = ..., group_size: _Optional[int] = ..., group_limit: _Optional[int] = ..., consistency_token: _Optional[str] = ..., params: _Optional[_Union[SearchParams, _Mapping]] = ...) -> None: ...
+
+class SearchParams(_message.Message):
+    __slots__ = ("ef_search", "nprobe", "exact", "oversampling")
+    EF_SEARCH_FIELD_NUMBER: _ClassVar[int]
+    NPROBE_FIELD_NUMBER: _ClassVar[int]
+    EXACT_FIELD_NUMBER: _ClassVar[int]
+    OVERSAMPLING_FIELD_NUMBER: _ClassVar[int]
+    ef_search: int
+    nprobe: int
+    exact: bool
+    oversampling: float
+    def __init__(self, ef_search: _Optional[int] = ..., nprobe: _Optional[int] = ..., exact: _Optional[bool] = ..., oversampling: _Optional[float] = ...) -> None: ...
 
 class ChunkHit(_message.Message):
     __slots__ = ("index", "start", "end", "score", "text")

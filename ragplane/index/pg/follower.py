@@ -1,18 +1,18 @@
-"""A server's local indexes as a replica of the shared store's change log.
+"""A server's cache (its local indexes) following the shared store's change log.
 
 The local `Engine` (SQLite + FAISS + FTS5 in the server's cache folder) is written only by
 applying the log, in position order, so every server holds the same state at the same
-position and answers with the same BM25 and the same exact top-k. `Replica` owns the
+position and answers with the same BM25 and the same exact top-k. `LogFollower` owns the
 applying: one thread follows the log (NOTIFY wakes it, polling is the fallback), and a
 write made here applies its own change before it returns (read-your-writes on this server).
 
 Applying is idempotent (a replace, a delete, a create of what exists is skipped): the
-position saved in `replica.json` may trail what the cache holds after a crash, and the
+position saved in `cache.json` may trail what the cache holds after a crash, and the
 changes between are applied again. A cache that follows another store, or one behind
 what the log still keeps, is thrown away and rebuilt from the state tables.
 
 The cache does not sync its commits to disk (PostgreSQL holds the truth): they survive a
-crash of the process, not always one of the machine. replica.json says while the cache is
+crash of the process, not always one of the machine. cache.json says while the cache is
 open, and since which boot of the machine; an open cache found after a restart of the
 machine is rebuilt from the tables, one closed cleanly (synced first) is kept."""
 
@@ -29,23 +29,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ragplane.core.errors import (
-    AlreadyExists,
-    FailedPrecondition,
-    NotFound,
-    RagplaneError,
-    Unavailable,
-)
+from ragplane.core.errors import RagplaneError, Unavailable
 from ragplane.index.engine import Engine
 from ragplane.index.faiss_index import fsync_dir
 from ragplane.index.pg import codec
+from ragplane.index.pg.changes import CollectionConfig, Create
 from ragplane.index.pg.log import RETRY_AFTER, Change, PgStore, wait_left
-from ragplane.index.pg.reembed import stored
-from ragplane.index.types import IndexType, Kind, Metric
+from ragplane.index.types import Kind, Lease, Peer
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "replica.json"
+STATE_FILE = "cache.json"
 
 
 def _boot_id() -> str:
@@ -61,8 +55,9 @@ LOAD_BATCH = 2000
 PRUNE_EVERY = 60.0  # seconds between a server's attempts to trim the log
 
 
-class Replica:
-    """The local engine, the position applied to it, and the thread that follows the log."""
+class LogFollower:
+    """The local engine (the cache), the position applied to it, and the thread that
+    follows the log: `ragplane.index.backend.Follower` for the server above."""
 
     def __init__(
         self,
@@ -81,7 +76,7 @@ class Replica:
         self._stale_after = stale_after
         self._log_keep = log_keep
         self._saved = -1
-        self._is_open = True  # what replica.json says: the cache's commits may be unsynced
+        self._is_open = True  # what cache.json says: the cache's commits may be unsynced
         self._next_prune = time.monotonic() + PRUNE_EVERY
         self.lock = threading.RLock()  # held while applying; writes here hold it too
         self._applied_cv = threading.Condition()
@@ -101,6 +96,10 @@ class Replica:
         self.store.migrate()
         self.engine = self._open()
         self.last_contact = time.monotonic()
+
+    @property
+    def store_id(self) -> str:
+        return self.store.store_id
 
     # ------------------------------------------------------------------ opening
 
@@ -127,12 +126,13 @@ class Replica:
 
     def _read_state(self) -> dict[str, Any]:
         try:
-            return json.loads((self.dir / STATE_FILE).read_text())
+            state: dict[str, Any] = json.loads((self.dir / STATE_FILE).read_text())
         except (OSError, ValueError):
             return {}
+        return state
 
     def _save_state(self, synced: bool = False) -> None:
-        """replica.json: the store followed, the position applied, and whether the cache
+        """cache.json: the store followed, the position applied, and whether the cache
         is open (and since which boot of the machine: an open cache the machine restarted
         under may have lost commits). `synced` when the "open" flag changes."""
         if self._saved == self.applied and not synced:
@@ -163,9 +163,10 @@ class Replica:
                 "SELECT tenant, kind, name, config FROM rp_collections ORDER BY tenant, kind, name"
             ).fetchall()
             for tenant, kind, name, config in colls:
-                _create(engine, {"tenant": tenant, "kind": kind, "name": name, **config})
+                create = Create(tenant, Kind(kind), name, CollectionConfig.from_json(config))
+                create.apply(engine, self.store, head)
                 n += self._load_items(c, engine.of_kind(Kind(kind)), tenant, kind, name,
-                                      int(config["dim"]))
+                                      create.config.dim)
         self.applied = head
         self._save_state(synced=True)
         log.info("local cache loaded from the store: %d collections, %d items at position "
@@ -195,7 +196,7 @@ class Replica:
         """Catch up with the log (the caller reports SERVING after), then follow it."""
         self.catch_up()
         self.ready = True
-        self._thread = threading.Thread(target=self._follow, name="replica", daemon=True)
+        self._thread = threading.Thread(target=self._follow, name="follower", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
@@ -207,7 +208,7 @@ class Replica:
             with contextlib.suppress(OSError):
                 for path in self.dir.rglob("*"):  # the cache's commits reach the disk ...
                     fsync_dir(path)
-                self._is_open = False  # ... before replica.json calls it closed
+                self._is_open = False  # ... before cache.json calls it closed
                 self._save_state(synced=True)
         self.store.close()
 
@@ -245,7 +246,7 @@ class Replica:
     def apply(self, ch: Change) -> None:
         """Apply one change to the local engine (called with `lock` held)."""
         try:
-            apply_op(self.engine, ch.op, ch.vectors, self.store, ch.pos)
+            ch.op.apply(self.engine, self.store, ch.pos)
         except Unavailable:  # PostgreSQL away while reading the change: not applied yet
             raise
         except RagplaneError as exc:
@@ -258,6 +259,10 @@ class Replica:
             self.last_at = ch.at
             if self.on_lag is not None:
                 self.on_lag(max(0.0, time.time() - ch.at))
+
+    def peers(self) -> tuple[list[Peer], list[Lease]]:
+        """The servers connected to the store now and the leases they hold (`pg.peers`)."""
+        return self.store.peers()
 
     def lag_seconds(self) -> float:
         """0 when the last look at the log found nothing new since; else how old the last
@@ -368,60 +373,7 @@ class Replica:
                 self._applied_cv.wait(min(left, 0.05))
 
 
-# ---------------------------------------------------------------------- operations
-
-
 def _close(conn: Any) -> None:
     if conn is not None:
         with contextlib.suppress(Exception):
             conn.close()
-
-
-def _create(engine: Engine, op: dict[str, Any]) -> None:
-    view = engine.of_kind(Kind(op["kind"]))
-    with contextlib.suppress(AlreadyExists):
-        view.create_collection(
-            op["tenant"], op["name"], dim=int(op["dim"]), metric=Metric(op["metric"]),
-            index_type=IndexType(op["index_type"]), embedder=op["embedder"],
-            params=codec.params_from_json(op["params"]), lexical_index=bool(op["lexical_index"]),
-            chunking=codec.chunking_from_json(op["chunking"]),
-        )
-
-
-def apply_op(
-    engine: Engine, op: dict[str, Any], vectors: bytes, store: PgStore, pos: int = 0
-) -> None:
-    """One logged operation on the local engine, idempotently."""
-    kind = op["op"]
-    if kind == "create":
-        _create(engine, op)
-        return
-    view = engine.of_kind(Kind(op["kind"]))
-    tenant, name = op["tenant"], op["name"]
-    with contextlib.suppress(NotFound):  # a later change in the log dropped it
-        if kind == "drop":
-            view.delete_collection(tenant, name)
-        elif kind == "upsert":
-            records = store.items(tenant, op["kind"], name, pos, int(op["dim"]))
-            if records:  # none: all deleted (or the collection dropped) since
-                view.upsert(tenant, name, records)
-        elif kind == "delete":
-            view.delete(tenant, name, ids=op["ids"])
-        elif kind == "embedder":
-            view.set_embedder(tenant, name, op["embedder"])
-        elif kind == "rollback":
-            try:
-                view.rollback(tenant, name)
-            except FailedPrecondition as exc:
-                log.warning("rollback of %s/%s not applied here: %s", tenant, name, exc)
-        elif kind == "rebuild":
-            again = op.get("reembed")
-            view.rebuild(
-                tenant, name, index_type=IndexType(op["index_type"]),
-                params=codec.params_from_json(op.get("params")),
-                min_recall=float(op.get("min_recall", 0.0)),
-                reembed=stored(store, op["embedder"]) if again else None,
-                embedder=op.get("embedder"),
-            )
-        else:
-            raise ValueError(f"unknown operation {kind!r} in the change log")
