@@ -11,16 +11,22 @@ vector's norm: a neighbour of e_i, not a copy). Queries are embeddings of text n
 was made from; ground truth is exact search (FAISS IndexFlatIP) over the N vectors.
 
 Served. One `ragplane serve` (embedded store, the fake embedder: vectors are sent, not
-text) takes the N vectors as Upserts of `--batch` into a flat collection (ingest rate),
-then an admin Rebuild to each index type (build time, the rebuild's own canary included);
-searches by vector, top 10, at concurrency 1 and 32 from Python threads in this process
-(they share the server's 2 cores: the served q/s is a floor), with recall@10 against the
-ground truth; server RSS from /proc and disk from its data directory. In-process: the same
-index types built by FAISS on the same vectors, recall and q/s over a sweep of efSearch /
-nprobe (the curve the per-request knobs choose from).
+text) takes the N vectors as Upserts of `--batch` into a flat collection (ingest rate), item
+i with the metadata {"b": i % 100}, then an admin Rebuild to each index type (build time,
+the rebuild's own canary included). On each index: recall@10, q/s and p50/p99 one query at
+a time from this process; q/s and p50/p99 at concurrency 32 from ghz (Go, one core, the
+repository's protos; `scripts/install_tools.sh ghz`), or from Python threads in this
+process when ghz is missing (they take the server's cores: a floor); the per-request knob's
+curve (`params.ef_search` / `params.nprobe`); filters `b < 1` and `b < 10` (1% and 10% of
+the items), against exact search over the matching items; server RSS from /proc, disk from
+its data directory. In-process, after: the same index types built by FAISS on the same
+vectors, recall and q/s over a sweep of efSearch / nprobe.
 
     python -m bench.ann_scale [--n 1000000] [--types flat,hnsw,ivf_pq] [--queries 500]
-        [--json bench/out/ann_scale.json]
+        [--in-process TYPES] [--json bench/out/ann_scale.json] [--report JSON]
+
+The JSON is rewritten after every step (a run cut short keeps what it measured);
+`--report` prints the tables of one.
 
 At 1M on 2 cores the run takes ~1 h (embedding ~3 min, ingest and builds most of it) and
 needs ~6 GB of memory; nothing else should run meanwhile.
@@ -32,12 +38,17 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import faiss
 import numpy as np
+from google.protobuf import json_format
+from google.protobuf.struct_pb2 import Struct
 
 from bench.common import ROOT, run_concurrent, start_server, table
 from ragplane.v1 import (
@@ -112,7 +123,7 @@ def in_process(x: np.ndarray, q: np.ndarray, truth: np.ndarray, kind: str) -> li
         knobs = [16, 32, 64, 128, 256]
     elif kind == "ivf_pq":
         nlist = max(16, int(4 * np.sqrt(n)))
-        idx = faiss.index_factory(DIM, f"IVF{nlist},PQ64x8", faiss.METRIC_INNER_PRODUCT)
+        idx = faiss.index_factory(DIM, f"IVF{nlist},PQ64x8np", faiss.METRIC_INNER_PRODUCT)
         idx.train(x[np.random.default_rng(1).choice(n, min(n, 50 * nlist), replace=False)])
         idx.add(x)
         knobs = [4, 8, 16, 32, 64, 128]
@@ -137,6 +148,22 @@ def in_process(x: np.ndarray, q: np.ndarray, truth: np.ndarray, kind: str) -> li
     return rows
 
 
+BUCKETS = 100  # item i carries {"b": i % 100}: a filter b < cut keeps cut% of the items
+SELECTIVITY = {"1%": 1, "10%": 10}
+GHZ = ROOT / ".tools" / "bin" / "ghz"
+PROTO = ROOT / "protos" / "ragplane" / "v1" / "search.proto"
+
+
+def _flt(cut: int) -> dict:
+    return {"must": [{"field": "b", "op": "FILTER_OP_LT", "value": cut}]}
+
+
+def filtered_top10(x: np.ndarray, q: np.ndarray, cut: int) -> np.ndarray:
+    """Exact top 10 among the items whose bucket is below `cut`, as item numbers."""
+    ids = np.flatnonzero(np.arange(len(x)) % BUCKETS < cut)
+    return ids[exact_top10(x[ids], q)]
+
+
 def _ingest(ch, x: np.ndarray, batch: int) -> float:
     index = index_pb2_grpc.IndexServiceStub(ch)
     index.CreateCollection(
@@ -145,121 +172,263 @@ def _ingest(ch, x: np.ndarray, batch: int) -> float:
     t0 = time.perf_counter()
     for lo in range(0, len(x), batch):
         rows = x[lo : lo + batch]
-        items = [common_pb2.Item(id=str(lo + i), vector=r.tolist()) for i, r in enumerate(rows)]
+        items = []
+        for i, r in enumerate(rows):
+            md = Struct()
+            md.update({"b": (lo + i) % BUCKETS})
+            items.append(common_pb2.Item(id=str(lo + i), vector=r.tolist(), metadata=md))
         index.Upsert(index_pb2.UpsertRequest(collection="scale", items=items), timeout=600)
+        if lo // batch % 50 == 0:
+            log(f"ingested {lo + len(rows):,} of {len(x):,}")
     return time.perf_counter() - t0
 
 
-def _searches(ch, q: np.ndarray, concurrency: int, repeat: int) -> tuple[dict, np.ndarray]:
+def _requests(q: np.ndarray, params: dict | None, flt: dict | None) -> list[dict]:
+    out = []
+    for v in q:
+        r: dict = {"collection": "scale", "vector": {"values": v.tolist()}, "top_k": 10}
+        if params:
+            r["params"] = params
+        if flt:
+            r["filter"] = flt
+        out.append(r)
+    return out
+
+
+def _recall_run(ch, reqs: list[dict], truth: np.ndarray) -> dict:
+    """One query at a time from this process: recall@10, q/s and latency at concurrency 1."""
     search = search_pb2_grpc.SearchServiceStub(ch)
-    reqs = [
-        search_pb2.SearchRequest(
-            collection="scale", vector=common_pb2.Vector(values=v.tolist()), top_k=10
-        )  # fmt: skip
-        for v in q
-    ]
-    found: dict[int, list[int]] = {}
+    msgs = [json_format.ParseDict(r, search_pb2.SearchRequest()) for r in reqs]
+    found: list[list[int]] = []
 
-    def call(i: int) -> None:
-        r = search.Search(reqs[i % len(reqs)], timeout=60)
-        found[i % len(reqs)] = [int(h.id) for h in r.hits]
+    def call(m: object) -> None:
+        r = search.Search(m, timeout=120)
+        found.append([int(h.id) for h in r.hits])
 
-    load = run_concurrent(call, list(range(len(reqs) * repeat)), concurrency)
-    ids = np.asarray([found[i] + [-1] * (10 - len(found[i])) for i in range(len(reqs))])
-    return {"qps": load.per_second, "p50_ms": load.p(0.5) * 1e3, "p99_ms": load.p(0.99) * 1e3}, ids
+    search.Search(msgs[0], timeout=120)  # a filter's first use reads its matches: not timed
+    load = run_concurrent(call, msgs, 1)
+    ids = np.asarray([f + [-1] * (10 - len(f)) for f in found])
+    return {"qps": load.per_second, "p50_ms": load.p(0.5) * 1e3,
+            "p99_ms": load.p(0.99) * 1e3, "recall": recall(ids, truth)}  # fmt: skip
 
 
-def served(x: np.ndarray, q: np.ndarray, truth: np.ndarray, types: list[str], batch: int) -> dict:
+def _load_run(ch, port: int, reqs: list[dict], concurrency: int, total: int) -> dict:
+    """`total` searches at `concurrency`: by ghz (Go, one core, the protos) when
+    `scripts/install_tools.sh ghz` installed it, else by Python threads in this process."""
+    if GHZ.exists():
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(reqs, f)
+        try:
+            res = subprocess.run(
+                [str(GHZ), "--insecure", "--proto", str(PROTO), "-i", str(ROOT / "protos"),
+                 "--call", "ragplane.v1.SearchService/Search", "-D", f.name,
+                 "-c", str(concurrency), "-n", str(total), "--cpus", "1", "-O", "json",
+                 f"127.0.0.1:{port}"],
+                capture_output=True, text=True, timeout=3600,
+            )  # fmt: skip
+            if res.returncode:
+                raise RuntimeError(f"ghz failed ({res.returncode}): {res.stderr.strip()}")
+        finally:
+            os.unlink(f.name)
+        r = json.loads(res.stdout)
+        lat = {d["percentage"]: d["latency"] / 1e6 for d in r.get("latencyDistribution") or []}
+        codes = r.get("statusCodeDistribution") or {}
+        return {"qps": r["rps"], "p50_ms": lat.get(50, float("nan")),
+                "p99_ms": lat.get(99, float("nan")), "client": "ghz",
+                "errors": sum(v for k, v in codes.items() if k != "OK")}  # fmt: skip
+    search = search_pb2_grpc.SearchServiceStub(ch)
+    msgs = [json_format.ParseDict(r, search_pb2.SearchRequest()) for r in reqs]
+    load = run_concurrent(lambda i: search.Search(msgs[i % len(msgs)], timeout=120),
+                          list(range(total)), concurrency)  # fmt: skip
+    return {"qps": load.per_second, "p50_ms": load.p(0.5) * 1e3,
+            "p99_ms": load.p(0.99) * 1e3, "client": "python threads", "errors": 0}  # fmt: skip
+
+
+def _index_runs(ch, port: int, kind: str, q: np.ndarray, truth: dict, n_load: int,
+                save: Callable[[], None], row: dict) -> None:  # fmt: skip
+    """Recall and speed on the built index: unfiltered, the knob's curve, filtered."""
+    plain = _requests(q, None, None)
+    row["c1"] = _recall_run(ch, plain, truth["all"])
+    row["c32"] = _load_run(ch, port, plain, 32, n_load)
+    save()
+    knob = {"hnsw": "ef_search", "ivf_pq": "nprobe"}.get(kind)
+    for k in {"hnsw": [16, 32, 64, 256], "ivf_pq": [4, 16, 64]}.get(kind, []):
+        reqs = _requests(q, {knob: k}, None)
+        row.setdefault("curve", []).append({
+            "knob": k, "c1": _recall_run(ch, reqs, truth["all"]),
+            "c32": _load_run(ch, port, reqs, 32, n_load),
+        })  # fmt: skip
+        save()
+    for name, cut in SELECTIVITY.items():
+        reqs = _requests(q, None, _flt(cut))
+        row.setdefault("filtered", {})[name] = {
+            "c1": _recall_run(ch, reqs, truth[name]),
+            "c32": _load_run(ch, port, reqs, 32, n_load),
+        }  # fmt: skip
+        save()
+
+
+def served(x: np.ndarray, q: np.ndarray, truth: dict, types: list[str], batch: int,
+           out: dict, save: Callable[[], None]) -> None:  # fmt: skip
     scratch = Path(tempfile.mkdtemp(prefix="ragplane-ann-"))
     server = start_server("embedder=fake", data_dir=scratch / "data", timeout=600)
-    out: dict = {}
+    n_load = max(2000, 4 * len(q))
     try:
         ch = server.sub.stubs.channel
         out["ingest_s"] = _ingest(ch, x, batch)
+        save()
         admin = admin_pb2_grpc.AdminServiceStub(ch)
         for kind in types:
+            log(f"served: {kind}")
             t0 = time.perf_counter()
+            canary = 0.0
             if kind != "flat":
                 last = None
                 for p in admin.Rebuild(
                     admin_pb2.RebuildRequest(collection="scale", index_type=TYPES[kind]),
                     timeout=7200,
                 ):
-                    last = p
+                    if last is None or p.phase != last.phase:
+                        log(f"rebuild {kind}: {p.phase} {p.done:,}/{p.total:,} {p.message}")
+                    last, canary = p, p.recall or canary
                 if last is not None and last.phase != "swapped":
                     out[kind] = {"refused": f"{last.phase}: {last.message}"}
+                    save()
                     continue
-            build = time.perf_counter() - t0
-            row: dict = {"build_s": build}
-            for conc in (1, 32):
-                stats, ids = _searches(ch, q, conc, repeat=1 if conc == 1 else 4)
-                row[f"c{conc}"] = {**stats, "recall": recall(ids, truth)}
-            row["rss_mib"] = server.rss_mb()
-            row["disk_mib"] = server.disk_mb()
+            row: dict = {"build_s": time.perf_counter() - t0,
+                         "canary": canary or None,
+                         "rss_mib": server.rss_mb(), "disk_mib": server.disk_mb()}  # fmt: skip
             out[kind] = row
+            _index_runs(ch, server.sub.port, kind, q, truth, n_load, save, row)
+            row["rss_after_mib"] = server.rss_mb()
+            save()
     finally:
         server.stop()
         shutil.rmtree(scratch, ignore_errors=True)
-    return out
 
 
-def measure(n: int, types: list[str], n_queries: int, batch: int) -> dict:
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def measure(n: int, types: list[str], in_proc: list[str], n_queries: int, batch: int,
+            path: Path) -> dict:  # fmt: skip
+    """Served first, then in-process; the JSON at `path` is rewritten after every step,
+    so a run cut short keeps what it measured."""
     passages = embedded_passages()
     q, base = passages[:n_queries], passages[n_queries:]
     t0 = time.perf_counter()
     x = extend(base, n)
-    truth = exact_top10(x, q)
-    res: dict = {"n": n, "queries": n_queries, "make_s": time.perf_counter() - t0}
-    res["in_process"] = {k: in_process(x, q, truth, k) for k in types}
-    res["served"] = served(x, q, truth, types, batch)
+    truth = {"all": exact_top10(x, q)}
+    truth.update({name: filtered_top10(x, q, cut) for name, cut in SELECTIVITY.items()})
+    res: dict = {"n": n, "queries": n_queries, "make_s": time.perf_counter() - t0,
+                 "served": {}, "in_process": {}}  # fmt: skip
+
+    def save() -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(res, indent=2))
+
+    log(f"{n:,} vectors and their ground truth in {res['make_s']:.0f} s")
+    served(x, q, truth, types, batch, res["served"], save)
+    for kind in in_proc:
+        log(f"in-process: {kind}")
+        res["in_process"][kind] = in_process(x, q, truth["all"], kind)
+        save()
     return res
 
 
+def _ms(c: dict) -> str:
+    return f"{c['qps']:,.0f} / {c['p50_ms']:.1f} / {c['p99_ms']:.1f} ms"
+
+
 def report(r: dict) -> str:
+    s = r["served"]
+    clients = {c["client"] for x in s.values() if isinstance(x, dict) and "c32" in x
+               for c in [x["c32"]]}  # fmt: skip
     lines = [f"{r['n']:,} vectors x {DIM}, {r['queries']} held-out queries, recall@10 "
-             "against exact search.", "", "In-process FAISS (one thread, one query at a time):",
-             ""]  # fmt: skip
+             "against exact search.", "",
+             f"Served (ingest {r['n'] / s['ingest_s']:,.0f} vectors/s; c=1 from Python, one "
+             f"query at a time; c=32 by {', '.join(sorted(clients)) or '-'}):", ""]  # fmt: skip
+    rows = []
+    for kind, x in s.items():
+        if not isinstance(x, dict):
+            continue
+        if "refused" in x:
+            rows.append([kind, x["refused"], "", "", "", "", "", ""])
+            continue
+        if "c32" not in x:
+            continue
+        canary = f"{x['canary']:.3f}" if x.get("canary") else "-"
+        rows.append([kind, f"{x['build_s']:.0f}", canary, f"{x['c1']['recall']:.3f}", _ms(x["c1"]),
+                     _ms(x["c32"]), f"{x.get('rss_after_mib', x['rss_mib']):,.0f}",
+                     f"{x['disk_mib']:,.0f}"])  # fmt: skip
+    lines.append(table(["index", "build s", "canary", "recall@10", "c=1 q/s / p50 / p99",
+                        "c=32 q/s / p50 / p99", "RSS MiB", "disk MiB"], rows))  # fmt: skip
+    rows = [
+        [kind, str(c["knob"]), f"{c['c1']['recall']:.3f}", _ms(c["c1"]), _ms(c["c32"])]
+        for kind, x in s.items()
+        if isinstance(x, dict)
+        for c in x.get("curve", [])
+    ]
+    if rows:
+        lines += ["", "Served, the per-request knob (`params.ef_search` / `params.nprobe`):", "",
+                  table(["index", "knob", "recall@10", "c=1 q/s / p50 / p99",
+                         "c=32 q/s / p50 / p99"], rows)]  # fmt: skip
+    rows = [[kind, name, f"{c['c1']['recall']:.3f}", _ms(c["c1"]), _ms(c["c32"]),
+             f"{c['c1']['p50_ms'] / x['c1']['p50_ms']:.2f}x"]
+            for kind, x in s.items() if isinstance(x, dict)
+            for name, c in x.get("filtered", {}).items()]  # fmt: skip
+    if rows:
+        lines += ["", "Served, filtered (`b < cut` on a metadata field; recall against exact "
+                  "search over the matching items):", "",
+                  table(["index", "selectivity", "recall@10", "c=1 q/s / p50 / p99",
+                         "c=32 q/s / p50 / p99", "c=1 p50 / unfiltered"], rows)]  # fmt: skip
     rows = [
         [kind, str(x["knob"]), f"{x['recall']:.3f}", f"{x['qps']:,.0f}", f"{x['build_s']:.0f}"]
         for kind, xs in r["in_process"].items()
         for x in xs
     ]
-    lines.append(table(["index", "efSearch / nprobe", "recall@10", "q/s", "build s"], rows))
-    s = r["served"]
-    lines += ["", f"Served (ingest {r['n'] / s['ingest_s']:,.0f} vectors/s):", ""]
-    rows = []
-    for kind in r["in_process"]:
-        x = s.get(kind, {})
-        if "refused" in x:
-            rows.append([kind, x["refused"], "", "", "", "", ""])
-            continue
-        rows.append([
-            kind, f"{x['build_s']:.0f}",
-            f"{x['c1']['recall']:.3f}", f"{x['c1']['qps']:,.0f} / {x['c1']['p50_ms']:.1f} ms",
-            f"{x['c32']['qps']:,.0f} / {x['c32']['p50_ms']:.1f} / {x['c32']['p99_ms']:.1f} ms",
-            f"{x['rss_mib']:,.0f}", f"{x['disk_mib']:,.0f}",
-        ])  # fmt: skip
-    lines.append(table(["index", "build s", "recall@10", "c=1 q/s / p50", "c=32 q/s / p50 / p99",
-                        "RSS MiB", "disk MiB"], rows))  # fmt: skip
+    if rows:
+        lines += [
+            "",
+            "In-process FAISS (one thread, one query at a time):",
+            "",
+            table(["index", "efSearch / nprobe", "recall@10", "q/s", "build s"], rows),
+        ]
     return "\n".join(lines)
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.ann_scale", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.ann_scale",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--n", type=int, default=1_000_000)
-    p.add_argument("--types", default="flat,hnsw,ivf_pq")
+    p.add_argument("--types", default="flat,hnsw,ivf_pq", help="served index types, in order")
+    p.add_argument("--in-process", default=None,
+                   help="index types FAISS builds in-process after the served run "
+                        "(default: --types; '' for none)")  # fmt: skip
     p.add_argument("--queries", type=int, default=500)
     p.add_argument("--batch", type=int, default=2000, help="vectors per Upsert")
     p.add_argument("--json", default=str(OUT / "ann_scale.json"))
+    p.add_argument("--report", metavar="JSON", help="print the tables of an earlier run")
     a = p.parse_args()
+    if a.report:
+        print(report(json.loads(Path(a.report).read_text())))
+        return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     types = [t for t in a.types.split(",") if t]
-    unknown = set(types) - set(TYPES)
+    in_proc = types if a.in_process is None else [t for t in a.in_process.split(",") if t]
+    unknown = (set(types) | set(in_proc)) - set(TYPES)
     if unknown:
         p.error(f"unknown index types {sorted(unknown)}; known: {', '.join(TYPES)}")
-    r = measure(a.n, types, a.queries, a.batch)
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps(r, indent=2))
+    if not GHZ.exists():
+        log(
+            "no .tools/bin/ghz (scripts/install_tools.sh ghz): concurrent load from Python "
+            "threads, which take the server's cores"
+        )
+    r = measure(a.n, types, in_proc, a.queries, a.batch, Path(a.json))
     print(report(r))
     return 0
 

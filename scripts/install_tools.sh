@@ -3,6 +3,8 @@
 #   grpcurl             for tests/e2e/test_grpcurl.py and for calling the server by hand
 #   protoc-gen-go       \ used by clients/go/generate.sh; pinned so that regenerating
 #   protoc-gen-go-grpc  / reproduces the committed code byte for byte
+#   ghz                 a gRPC load generator in Go (bench/ann_scale.py's concurrent load);
+#                       not in the default set: `scripts/install_tools.sh ghz`
 # Idempotent: a tool already at its pinned version is left alone. Needs only `go`.
 # Usage: scripts/install_tools.sh [grpcurl|protoc-gen-go|protoc-gen-go-grpc ...]  (default: all)
 set -euo pipefail
@@ -11,6 +13,7 @@ cd "$(dirname "$0")/.."
 GRPCURL_VERSION=v1.9.4
 PROTOC_GEN_GO_VERSION=v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION=v1.6.2
+GHZ_VERSION=v0.120.0
 
 BIN="$PWD/.tools/bin"
 mkdir -p "$BIN"
@@ -43,6 +46,7 @@ for t in "${tools[@]}"; do
     protoc-gen-go) install protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go "$PROTOC_GEN_GO_VERSION" ;;
     protoc-gen-go-grpc)
       install protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC_VERSION" ;;
+    ghz) install ghz github.com/bojand/ghz/cmd/ghz "$GHZ_VERSION" ;;
     *) echo "install_tools.sh: unknown tool '$t'" >&2; exit 2 ;;
   esac
 done
