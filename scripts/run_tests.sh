@@ -22,9 +22,8 @@ fi
 # A full run (no arguments) runs the whole e2e suite once more, every server on a PostgreSQL
 # store (one PostgreSQL for the run, a database per test server: ragplane.testkit.harness),
 # in the background beside cargo's tests. test_cluster*.py start their own PostgreSQL (they stop
-# it) and ran above. Left out too, the modules whose servers never touch a collection or a
-# memory (embeddings over HTTP and Ray Serve, warm-up, shadow releases): on either store
-# they run the same code, and they ran above. SKIP_POSTGRES=1 leaves the pass out, saying so.
+# it) and ran above; every other module runs again here. SKIP_POSTGRES=1 leaves the pass out,
+# saying so.
 pg_pid=""
 pg_dir=""
 if [ $# -eq 0 ] && [ -n "${SKIP_POSTGRES:-}" ]; then
@@ -36,9 +35,7 @@ elif [ $# -eq 0 ]; then
   echo "== the e2e suite on a PostgreSQL store (in the background; log: $pg_dir/e2e.log)"
   RAGPLANE_TEST_PG="$pg_url" "$VENV/bin/python" -m pytest tests/e2e -p no:cacheprovider \
     --ignore tests/e2e/test_cluster.py --ignore tests/e2e/test_cluster_memory.py \
-    --ignore tests/e2e/test_openai_http.py \
-    --ignore tests/e2e/test_ray_serve.py --ignore tests/e2e/test_warmup.py \
-    --ignore tests/e2e/test_shadow_releases.py >"$pg_dir/e2e.log" 2>&1 &
+    >"$pg_dir/e2e.log" 2>&1 &
   pg_pid=$!
 fi
 finish_pg() {
