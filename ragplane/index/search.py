@@ -25,8 +25,8 @@ from ragplane.index.state import Coll
 from ragplane.index.types import Filter, Hit, IndexType, Metric, SearchKnobs, SearchResult
 from ragplane.index.validate import check_knobs, check_top_k, query_vectors
 
-# A filtered search on an approximate index scans the matching vectors exactly when the
-# filter leaves at most this many (or this fraction of) live items: cheap, and exact.
+# A filtered search scans the matching vectors exactly when the filter leaves at most this
+# many (or this fraction of) live items: cheap, and exact, whatever the index.
 EXACT_SCAN_MAX = 4096
 EXACT_SCAN_FRACTION = 0.02
 
@@ -212,7 +212,8 @@ def _run(
         cand = found if found is not None else coll.live.to_array()
         dist, lab = exact(ctx, coll, q, k, cand)
         exhaustive = True
-    elif found is not None and not exhaustive and few:
+    elif found is not None and few:
+        # flat too: a batch's BLAS scan scores every live row; this, only the matching ones
         dist, lab = exact(ctx, coll, q, k, found)
         exhaustive = True
     else:

@@ -199,6 +199,33 @@ def test_selective_filter_fills_top_k(engine, monkeypatch, kind, selectivity):
         assert all(r.exhaustive for r in res)
 
 
+def test_flat_batch_under_a_selective_filter_scans_only_the_matches(engine, monkeypatch):
+    # coalesced queries on a flat index: the BLAS batch would score every live row, so a
+    # filter that leaves few rows is answered from those rows alone, with the same result
+    x = make_vectors(3000, 16, seed=11)
+    engine.create_collection(
+        T, "s", dim=16, metric=Metric.COSINE, index_type=IndexType.FLAT, embedder="e"
+    )
+    engine.upsert(T, "s", make_records(x, metadata=lambda i: {"g": i % 100}))
+    q = make_vectors(2 * search_mod.fx.BLAS_MIN_QUERIES, 16, seed=12)
+    flt = Filter(must=(C("g", FilterOp.EQ, 3),))
+
+    def full_scan(*a, **kw):
+        raise AssertionError("a selective filter must not scan every row")
+
+    monkeypatch.setattr(search_mod.fx, "flat_batch_search", full_scan)
+    res = engine.search(T, "s", q, 5, filter=flt)
+    matching = np.arange(3, 3000, 100)
+    exp_s, exp_p = brute_force(x[matching], q, 5, Metric.COSINE)
+    for row, r in enumerate(res):
+        assert r.exhaustive
+        assert [h.id for h in r.hits] == [f"id{matching[p]}" for p in exp_p[row]]
+        np.testing.assert_allclose([h.score for h in r.hits], exp_s[row], atol=1e-5)
+    monkeypatch.undo()
+    (unfiltered,) = engine.search(T, "s", q[:1], 5)  # no filter: the index as before
+    assert unfiltered.exhaustive and unfiltered.returned_k == 5
+
+
 def test_hnsw_short_filter_falls_back_to_exact(engine):
     # 12 matches among 3000 on hnsw: the exact scan answers, so results fill and are exact
     x = make_vectors(3000, 8, seed=9)
