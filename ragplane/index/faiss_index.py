@@ -40,7 +40,7 @@ IVF_MIN_TRAIN = 2048
 QUANT_MIN_TRAIN = 1000
 # Candidates per wanted hit that an index of lossy codes hands to the exact rescoring
 # (SearchParams.oversampling), and the most candidates one query may rescore.
-OVERSAMPLING_IVF_PQ = 4.0
+OVERSAMPLING_IVF_PQ = 10.0
 OVERSAMPLING_QUANTIZED = 3.0
 MAX_OVERSAMPLING = 100.0
 MAX_RESCORED = 10_000
