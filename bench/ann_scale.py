@@ -46,6 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import faiss
+import grpc
 import numpy as np
 from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
@@ -67,7 +68,9 @@ TYPES = {
     "flat": index_pb2.INDEX_TYPE_FLAT,
     "hnsw": index_pb2.INDEX_TYPE_HNSW,
     "ivf_pq": index_pb2.INDEX_TYPE_IVF_PQ,
+    "hnsw_int8": index_pb2.INDEX_TYPE_HNSW,  # served only: int8 codes, rescored
 }
+PARAMS = {"hnsw_int8": index_pb2.IndexParams(quantization=index_pb2.QUANTIZATION_INT8)}
 
 
 def embedded_passages() -> np.ndarray:
@@ -268,6 +271,24 @@ def _index_runs(ch, port: int, kind: str, q: np.ndarray, truth: dict, n_load: in
         save()
 
 
+def _rebuild(admin, kind: str) -> float | str:
+    """Rebuild the collection to `kind`: the canary's recall, or why the swap was refused."""
+    last, canary = None, 0.0
+    req = admin_pb2.RebuildRequest(collection="scale", index_type=TYPES[kind],
+                                   params=PARAMS.get(kind))  # fmt: skip
+    try:
+        for p in admin.Rebuild(req, timeout=7200):
+            if last is None or p.phase != last.phase:
+                log(f"rebuild {kind}: {p.phase} {p.done:,}/{p.total:,} {p.message}")
+            last, canary = p, p.recall or canary
+    except grpc.RpcError as e:  # a canary below min_recall: FAILED_PRECONDITION
+        log(f"rebuild {kind}: {e.code().name}: {e.details()}")
+        return f"{e.code().name}: {e.details()}"
+    if last is not None and last.phase != "swapped":
+        return f"{last.phase}: {last.message}"
+    return canary
+
+
 def served(x: np.ndarray, q: np.ndarray, truth: dict, types: list[str], batch: int,
            out: dict, save: Callable[[], None]) -> None:  # fmt: skip
     scratch = Path(tempfile.mkdtemp(prefix="ragplane-ann-"))
@@ -283,18 +304,12 @@ def served(x: np.ndarray, q: np.ndarray, truth: dict, types: list[str], batch: i
             t0 = time.perf_counter()
             canary = 0.0
             if kind != "flat":
-                last = None
-                for p in admin.Rebuild(
-                    admin_pb2.RebuildRequest(collection="scale", index_type=TYPES[kind]),
-                    timeout=7200,
-                ):
-                    if last is None or p.phase != last.phase:
-                        log(f"rebuild {kind}: {p.phase} {p.done:,}/{p.total:,} {p.message}")
-                    last, canary = p, p.recall or canary
-                if last is not None and last.phase != "swapped":
-                    out[kind] = {"refused": f"{last.phase}: {last.message}"}
+                refused = _rebuild(admin, kind)
+                if isinstance(refused, str):
+                    out[kind] = {"refused": refused}
                     save()
                     continue
+                canary = refused
             row: dict = {"build_s": time.perf_counter() - t0,
                          "canary": canary or None,
                          "rss_mib": server.rss_mb(), "disk_mib": server.disk_mb()}  # fmt: skip
@@ -420,9 +435,10 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     types = [t for t in a.types.split(",") if t]
     in_proc = types if a.in_process is None else [t for t in a.in_process.split(",") if t]
-    unknown = (set(types) | set(in_proc)) - set(TYPES)
+    unknown = (set(types) - set(TYPES)) | (set(in_proc) - (set(TYPES) - set(PARAMS)))
     if unknown:
-        p.error(f"unknown index types {sorted(unknown)}; known: {', '.join(TYPES)}")
+        p.error(f"unknown index types {sorted(unknown)}; served: {', '.join(TYPES)}; "
+                f"in-process: {', '.join(t for t in TYPES if t not in PARAMS)}")  # fmt: skip
     if not GHZ.exists():
         log(
             "no .tools/bin/ghz (scripts/install_tools.sh ghz): concurrent load from Python "
