@@ -299,17 +299,18 @@ def served(x: np.ndarray, q: np.ndarray, truth: dict, types: list[str], batch: i
         out["ingest_s"] = _ingest(ch, x, batch)
         save()
         admin = admin_pb2_grpc.AdminServiceStub(ch)
+        serving = "flat"  # what the collection was created as
         for kind in types:
             log(f"served: {kind}")
             t0 = time.perf_counter()
             canary = 0.0
-            if kind != "flat":
+            if kind != serving:  # flat after another type is a rebuild back to flat
                 refused = _rebuild(admin, kind)
                 if isinstance(refused, str):
                     out[kind] = {"refused": refused}
                     save()
                     continue
-                canary = refused
+                canary, serving = refused, kind
             row: dict = {"build_s": time.perf_counter() - t0,
                          "canary": canary or None,
                          "rss_mib": server.rss_mb(), "disk_mib": server.disk_mb()}  # fmt: skip
