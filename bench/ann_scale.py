@@ -51,7 +51,7 @@ import numpy as np
 from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
 
-from bench.common import ROOT, run_concurrent, start_server, table
+from bench.common import ROOT, Load, run_concurrent, start_server, table
 from ragplane.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -70,6 +70,8 @@ TYPES = {
     "ivf_pq": index_pb2.INDEX_TYPE_IVF_PQ,
     "hnsw_int8": index_pb2.INDEX_TYPE_HNSW,  # served only: int8 codes, rescored
 }
+# the per-request knob each index type's curve sweeps, and its values
+CURVES = {"hnsw": ("ef_search", [16, 32, 64, 256]), "ivf_pq": ("nprobe", [4, 16, 64])}
 PARAMS = {"hnsw_int8": index_pb2.IndexParams(quantization=index_pb2.QUANTIZATION_INT8)}
 
 
@@ -198,10 +200,18 @@ def _requests(q: np.ndarray, params: dict | None, flt: dict | None) -> list[dict
     return out
 
 
+def _messages(reqs: list[dict]) -> list[search_pb2.SearchRequest]:
+    return [json_format.ParseDict(r, search_pb2.SearchRequest()) for r in reqs]
+
+
+def _stats(load: Load) -> dict:
+    return {"qps": load.per_second, "p50_ms": load.p(0.5) * 1e3, "p99_ms": load.p(0.99) * 1e3}
+
+
 def _recall_run(ch, reqs: list[dict], truth: np.ndarray) -> dict:
     """One query at a time from this process: recall@10, q/s and latency at concurrency 1."""
     search = search_pb2_grpc.SearchServiceStub(ch)
-    msgs = [json_format.ParseDict(r, search_pb2.SearchRequest()) for r in reqs]
+    msgs = _messages(reqs)
     found: list[list[int]] = []
 
     def call(m: object) -> None:
@@ -211,8 +221,7 @@ def _recall_run(ch, reqs: list[dict], truth: np.ndarray) -> dict:
     search.Search(msgs[0], timeout=120)  # a filter's first use reads its matches: not timed
     load = run_concurrent(call, msgs, 1)
     ids = np.asarray([f + [-1] * (10 - len(f)) for f in found])
-    return {"qps": load.per_second, "p50_ms": load.p(0.5) * 1e3,
-            "p99_ms": load.p(0.99) * 1e3, "recall": recall(ids, truth)}  # fmt: skip
+    return {**_stats(load), "recall": recall(ids, truth)}
 
 
 def _load_run(ch, port: int, reqs: list[dict], concurrency: int, total: int) -> dict:
@@ -240,11 +249,10 @@ def _load_run(ch, port: int, reqs: list[dict], concurrency: int, total: int) -> 
                 "p99_ms": lat.get(99, float("nan")), "client": "ghz",
                 "errors": sum(v for k, v in codes.items() if k != "OK")}  # fmt: skip
     search = search_pb2_grpc.SearchServiceStub(ch)
-    msgs = [json_format.ParseDict(r, search_pb2.SearchRequest()) for r in reqs]
+    msgs = _messages(reqs)
     load = run_concurrent(lambda i: search.Search(msgs[i % len(msgs)], timeout=120),
                           list(range(total)), concurrency)  # fmt: skip
-    return {"qps": load.per_second, "p50_ms": load.p(0.5) * 1e3,
-            "p99_ms": load.p(0.99) * 1e3, "client": "python threads", "errors": 0}  # fmt: skip
+    return {**_stats(load), "client": "python threads", "errors": 0}
 
 
 def _index_runs(ch, port: int, kind: str, q: np.ndarray, truth: dict, n_load: int,
@@ -254,8 +262,8 @@ def _index_runs(ch, port: int, kind: str, q: np.ndarray, truth: dict, n_load: in
     row["c1"] = _recall_run(ch, plain, truth["all"])
     row["c32"] = _load_run(ch, port, plain, 32, n_load)
     save()
-    knob = {"hnsw": "ef_search", "ivf_pq": "nprobe"}.get(kind)
-    for k in {"hnsw": [16, 32, 64, 256], "ivf_pq": [4, 16, 64]}.get(kind, []):
+    knob, values = CURVES.get(kind, ("", []))
+    for k in values:
         reqs = _requests(q, {knob: k}, None)
         row.setdefault("curve", []).append({
             "knob": k, "c1": _recall_run(ch, reqs, truth["all"]),
