@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import faiss
@@ -212,7 +213,7 @@ def _run(
         cand = found if found is not None else coll.live.to_array()
         dist, lab = exact(ctx, coll, q, k, cand)
         exhaustive = True
-    elif found is not None and few:
+    elif found is not None and few and not lossy:
         # flat too: a batch's BLAS scan scores every live row; this, only the matching ones
         dist, lab = exact(ctx, coll, q, k, found)
         exhaustive = True
@@ -220,7 +221,10 @@ def _run(
         if lossy:
             over = knobs.oversampling or fx.default_oversampling(coll.built_type)
             depth = fx.rescore_depth(k, over)
-            _, cand = _indexed(ctx, coll, q, depth, found, knobs)
+            if found is not None and few:  # the matching codes, all of them, from memory
+                cand = _scan_codes(ctx, coll, q, depth, found, knobs)
+            else:
+                _, cand = _indexed(ctx, coll, q, depth, found, knobs)
             dist, lab = rescore(q, cand, lambda s: repo.vectors_of(ctx.reader(), s, coll.dim),
                                 k, coll.metric)
         else:
@@ -260,6 +264,22 @@ def _indexed(
                               knobs.nprobe)
     hits: tuple[np.ndarray, np.ndarray] = coll.index.search(q, k, params=params)
     return hits
+
+
+def _scan_codes(
+    ctx: Context, coll: Coll, q: np.ndarray, depth: int, found: np.ndarray, knobs: SearchKnobs
+) -> np.ndarray:
+    """The best `depth` of the matching rows `found` (live) by their lossy codes, every one
+    of them scored: the candidates a small filter hands to the rescoring, read from the index
+    in memory where an exact scan would read every matching float vector from the store.
+    IVF-PQ keeps no id -> code map, so its lists are all probed under the filter."""
+    if coll.built_type == IndexType.IVF_PQ:
+        every_list = replace(knobs, nprobe=coll.rparams.ivf_nlist)
+        return _indexed(ctx, coll, q, depth, found, every_list)[1]
+    decoded = coll.index.reconstruct_batch(found)
+    kk = min(depth, found.size)
+    _, pos = faiss.knn(q, decoded, kk, metric=fx.faiss_metric(coll.metric))
+    return np.where(pos >= 0, found[np.maximum(pos, 0)], -1)
 
 
 def _fill_short(

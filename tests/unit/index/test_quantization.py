@@ -5,13 +5,16 @@ at a rebuild (float vectors served until then) and survives a restart."""
 from __future__ import annotations
 
 import faiss
+import numpy as np
 import pytest
 
 from ragplane.core.errors import InvalidArgument
-from ragplane.index import Engine, IndexParams, IndexType, Metric, Quantization, SearchKnobs
+from ragplane.index import Engine, Filter, IndexParams, IndexType, Metric, Quantization, SearchKnobs
+from ragplane.index import search as search_mod
+from ragplane.index.types import Condition, FilterOp
 
 from .test_search_knobs import recall_at_10
-from .vectors import embedding_like, make_records
+from .vectors import brute_force, embedding_like, make_records
 
 T = "default"
 DIM = 64
@@ -102,3 +105,36 @@ def test_quantization_is_for_flat_and_hnsw(engine):
     with pytest.raises(InvalidArgument, match="quantization applies to flat and hnsw"):
         engine.create_collection(T, "c", dim=DIM, metric=Metric.COSINE,
                                  index_type=IndexType.IVF_PQ, embedder="e@1", params=INT8)
+
+
+def test_a_selective_filter_scores_the_matching_codes_and_reads_few_vectors(
+    tmp_path, monkeypatch
+):
+    # 1% of the items match: every matching code is scored from memory, and only the
+    # k x oversampling best are read from the store to rescore (not every match's vector)
+    x = embedding_like(N, DIM, seed=8)
+    matching = np.arange(3, N, 100)
+    with Engine(tmp_path / "d") as eng:
+        for name, kind in (("flat8", IndexType.FLAT), ("hnsw8", IndexType.HNSW)):
+            eng.create_collection(T, name, dim=DIM, metric=Metric.COSINE, index_type=kind,
+                                  embedder="e@1", params=INT8)
+            eng.upsert(T, name, make_records(x, metadata=lambda i: {"g": i % 100}))
+            eng.rebuild(T, name)
+        read: list[int] = []
+        vectors_of = search_mod.repo.vectors_of
+
+        def counted(conn, seqs, dim):
+            read.append(len(seqs))
+            return vectors_of(conn, seqs, dim)
+
+        monkeypatch.setattr(search_mod.repo, "vectors_of", counted)
+        flt = Filter(must=(Condition("g", FilterOp.EQ, 3),))
+        _, exp_p = brute_force(x[matching], QUERIES[:20], 10, Metric.COSINE)
+        for name in ("flat8", "hnsw8"):
+            read.clear()
+            res = [eng.search(T, name, qi, 10, filter=flt)[0] for qi in QUERIES[:20]]
+            assert len(read) == 20 and max(read) <= 10 * 3 < matching.size, (name, read)
+            found = sum(len({h.id for h in r.hits} & {f"id{matching[p]}" for p in exp_p[row]})
+                        for row, r in enumerate(res))
+            assert found >= 0.99 * 20 * 10, (name, found)
+            assert all(r.returned_k == 10 and not r.exhaustive for r in res)

@@ -14,7 +14,7 @@ import pytest
 
 from ragplane.core.errors import FailedPrecondition, InvalidArgument
 from ragplane.index import Engine, Filter, IndexParams, IndexType, Metric, RebuildProgress, Record
-from ragplane.index.types import Condition, FilterOp
+from ragplane.index.types import Condition, FilterOp, SearchKnobs
 
 from .vectors import brute_force, make_records, make_vectors, normalise
 
@@ -269,9 +269,13 @@ def test_ivf_pq_trains_at_rebuild_and_falls_back_to_flat(engine):
     assert info.index_type == IndexType.IVF_PQ and info.params.ivf_nlist > 1
     res = engine.search(T, "c", x[:20], 10)
     assert all(not r.exhaustive and r.returned_k == 10 for r in res)
-    # selective filters on ivf_pq scan the stored vectors exactly
+    # a selective filter on ivf_pq scores every matching code, then rescores exactly
     (res,) = engine.search(T, "c", x[0], 5, filter=Filter(must=(Condition("i", FilterOp.LT, 50),)))
     exp_s, exp_p = brute_force(x[:50], x[:1], 5, Metric.L2)
+    assert not res.exhaustive and [h.id for h in res.hits] == [f"id{p}" for p in exp_p[0]]
+    # exact: true reads the stored float vectors and says so
+    (res,) = engine.search(T, "c", x[0], 5, filter=Filter(must=(Condition("i", FilterOp.LT, 50),)),
+                           knobs=SearchKnobs(exact=True))
     assert res.exhaustive and [h.id for h in res.hits] == [f"id{p}" for p in exp_p[0]]
 
 
