@@ -240,7 +240,7 @@ type IndexParams struct {
 	HnswEfSearch       int32                  `protobuf:"varint,3,opt,name=hnsw_ef_search,json=hnswEfSearch,proto3" json:"hnsw_ef_search,omitempty"`                   // default 128
 	IvfNlist           int32                  `protobuf:"varint,4,opt,name=ivf_nlist,json=ivfNlist,proto3" json:"ivf_nlist,omitempty"`                                 // default: about sqrt(count)
 	IvfNprobe          int32                  `protobuf:"varint,5,opt,name=ivf_nprobe,json=ivfNprobe,proto3" json:"ivf_nprobe,omitempty"`                              // default nlist / 4, at least 8
-	PqM                int32                  `protobuf:"varint,6,opt,name=pq_m,json=pqM,proto3" json:"pq_m,omitempty"`                                                // sub-quantizers (default: 2 dimensions each, at most 64)
+	PqM                int32                  `protobuf:"varint,6,opt,name=pq_m,json=pqM,proto3" json:"pq_m,omitempty"`                                                // sub-quantizers (default: 2 dimensions each, at most 96)
 	// flat and hnsw only (ivf_pq already stores product-quantized codes).
 	Quantization  Quantization `protobuf:"varint,7,opt,name=quantization,proto3,enum=ragplane.v1.Quantization" json:"quantization,omitempty"`
 	unknownFields protoimpl.UnknownFields

@@ -235,8 +235,8 @@ type SearchParams struct {
 	Exact bool `protobuf:"varint,3,opt,name=exact,proto3" json:"exact,omitempty"`
 	// Quantized and IVF_PQ collections: top_k x oversampling candidates are taken from the
 	// index and rescored with the exact float vectors (1..100; 1 = rescore only the top_k).
-	// Unset = 3 (quantized) or 10 (IVF_PQ: 384-dim codes of 64 bytes leave the true top 10
-	// among the best 100 of 1M at 0.97).
+	// Unset = 3 (quantized) or 10 (IVF_PQ: 384-dim codes of 96 bytes leave the true top 10
+	// among the best 100 of 1M at 0.99).
 	Oversampling  *float32 `protobuf:"fixed32,4,opt,name=oversampling,proto3,oneof" json:"oversampling,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
