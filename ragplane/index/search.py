@@ -241,8 +241,7 @@ def _indexed(
     """Search the collection's index, restricted to `found` (or the live set)."""
     mask = None
     if found is not None:
-        mask = np.zeros(coll.live.capacity, dtype=bool)
-        mask[found] = True
+        mask = _found_mask(coll, found)
         sel: Any = fx.BitmapSelector(mask)
     elif coll.index.ntotal > coll.live_count:
         sel = coll.live_selector()
@@ -270,16 +269,27 @@ def _scan_codes(
     ctx: Context, coll: Coll, q: np.ndarray, depth: int, found: np.ndarray, knobs: SearchKnobs
 ) -> np.ndarray:
     """The best `depth` of the matching rows `found` (live) by their lossy codes, every one
-    of them scored: the candidates a small filter hands to the rescoring, read from the index
-    in memory where an exact scan would read every matching float vector from the store.
-    IVF-PQ keeps no id -> code map, so its lists are all probed under the filter."""
-    if coll.built_type == IndexType.IVF_PQ:
-        every_list = replace(knobs, nprobe=coll.rparams.ivf_nlist)
-        return _indexed(ctx, coll, q, depth, found, every_list)[1]
-    decoded = coll.index.reconstruct_batch(found)
-    kk = min(depth, found.size)
-    _, pos = faiss.knn(q, decoded, kk, metric=fx.faiss_metric(coll.metric))
-    return np.where(pos >= 0, found[np.maximum(pos, 0)], -1)
+    of them scored in memory: the candidates a small filter hands to the rescoring, where
+    an exact scan would read every matching float vector from the store. A flat index's
+    search is that scan; IVF-PQ's, with all of its lists probed; HNSW's codes are scanned
+    without the graph, which a filter this selective would cut into pieces."""
+    if coll.built_type != IndexType.HNSW:
+        if coll.built_type == IndexType.IVF_PQ:
+            knobs = replace(knobs, nprobe=coll.rparams.ivf_nlist)
+        return _indexed(ctx, coll, q, depth, found, knobs)[1]
+    sel = fx.BitmapSelector(_found_mask(coll, found))
+    id_map = coll.index.id_map  # the graph's positions -> seqs
+    codes = faiss.downcast_index(coll.index.index).storage
+    in_graph = faiss.IDSelectorTranslated(id_map, sel.sel)
+    _, pos = codes.search(q, depth, params=faiss.SearchParameters(sel=in_graph))
+    return np.array([[id_map.at(int(p)) if p >= 0 else -1 for p in row] for row in pos],
+                    dtype=np.int64).reshape(pos.shape)
+
+
+def _found_mask(coll: Coll, found: np.ndarray) -> np.ndarray:
+    mask = np.zeros(coll.live.capacity, dtype=bool)
+    mask[found] = True
+    return mask
 
 
 def _fill_short(
