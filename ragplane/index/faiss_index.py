@@ -79,7 +79,10 @@ def resolve_params(index_type: IndexType, dim: int, params: IndexParams, n: int 
         p = replace(
             p,
             ivf_nlist=nlist,
-            ivf_nprobe=p.ivf_nprobe or max(1, min(nlist, max(8, nlist // 4))),
+            # 64 lists (all, when fewer), or twice the square root of nlist: at 1M (nlist
+            # 1,000) nprobe 64 found 0.993 of the true top 10 at 3x the q/s of a quarter of
+            # the lists (0.995); at 30,000 (nlist 173) 26 lists found 0.962, 64 0.998
+            ivf_nprobe=p.ivf_nprobe or min(nlist, max(64, round(2 * math.sqrt(nlist)))),
             pq_m=p.pq_m or _default_pq_m(dim),
         )
     else:

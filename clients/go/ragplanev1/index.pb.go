@@ -239,7 +239,7 @@ type IndexParams struct {
 	HnswEfConstruction int32                  `protobuf:"varint,2,opt,name=hnsw_ef_construction,json=hnswEfConstruction,proto3" json:"hnsw_ef_construction,omitempty"` // default 128
 	HnswEfSearch       int32                  `protobuf:"varint,3,opt,name=hnsw_ef_search,json=hnswEfSearch,proto3" json:"hnsw_ef_search,omitempty"`                   // default 128
 	IvfNlist           int32                  `protobuf:"varint,4,opt,name=ivf_nlist,json=ivfNlist,proto3" json:"ivf_nlist,omitempty"`                                 // default: about sqrt(count)
-	IvfNprobe          int32                  `protobuf:"varint,5,opt,name=ivf_nprobe,json=ivfNprobe,proto3" json:"ivf_nprobe,omitempty"`                              // default nlist / 4, at least 8
+	IvfNprobe          int32                  `protobuf:"varint,5,opt,name=ivf_nprobe,json=ivfNprobe,proto3" json:"ivf_nprobe,omitempty"`                              // default max(64, 2 x sqrt(nlist)), at most nlist
 	PqM                int32                  `protobuf:"varint,6,opt,name=pq_m,json=pqM,proto3" json:"pq_m,omitempty"`                                                // sub-quantizers (default: 2 dimensions each, at most 96)
 	// flat and hnsw only (ivf_pq already stores product-quantized codes).
 	Quantization  Quantization `protobuf:"varint,7,opt,name=quantization,proto3,enum=ragplane.v1.Quantization" json:"quantization,omitempty"`
