@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import faiss
@@ -92,16 +92,23 @@ def embedded_passages() -> np.ndarray:
     return vecs
 
 
-def extend(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
-    """`n` vectors normalize(e_i + a e_j + 0.02 g), made 100,000 at a time."""
+def blocks(base: np.ndarray, n: int, seed: int = 0) -> Iterator[np.ndarray]:
+    """The `n` vectors normalize(e_i + a e_j + 0.02 g), 100,000 at a time (the same for
+    the same seed, however they are consumed)."""
     rng = np.random.default_rng(seed)
-    out = np.empty((n, base.shape[1]), dtype=np.float32)
     for lo in range(0, n, 100_000):
         m = min(100_000, n - lo)
         i, j = rng.integers(0, len(base), m), rng.integers(0, len(base), m)
         a = rng.uniform(0, 0.5, (m, 1)).astype(np.float32)
         v = base[i] + a * base[j] + 0.02 * rng.standard_normal((m, base.shape[1]), np.float32)
-        out[lo : lo + m] = v / np.linalg.norm(v, axis=1, keepdims=True)
+        yield v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def extend(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
+    """All of `blocks` in one array."""
+    out = np.empty((n, base.shape[1]), dtype=np.float32)
+    for lo, block in zip(range(0, n, 100_000), blocks(base, n, seed), strict=True):
+        out[lo : lo + len(block)] = block
     return out
 
 
@@ -169,22 +176,30 @@ def filtered_top10(x: np.ndarray, q: np.ndarray, cut: int) -> np.ndarray:
     return ids[exact_top10(x[ids], q)]
 
 
-def _ingest(ch, x: np.ndarray, batch: int) -> float:
+def create(ch, kind: str = "flat", params: index_pb2.IndexParams | None = None) -> None:
+    index_pb2_grpc.IndexServiceStub(ch).CreateCollection(index_pb2.CreateCollectionRequest(
+        name="scale", dim=DIM, lexical_index=False, index_type=TYPES[kind], params=params,
+    ))  # fmt: skip
+
+
+def upsert(ch, x: np.ndarray, start: int, batch: int, total: int) -> None:
+    """`x` as items `start`.. with their bucket, `batch` an Upsert."""
     index = index_pb2_grpc.IndexServiceStub(ch)
-    index.CreateCollection(
-        index_pb2.CreateCollectionRequest(name="scale", dim=DIM, lexical_index=False)
-    )
-    t0 = time.perf_counter()
     for lo in range(0, len(x), batch):
-        rows = x[lo : lo + batch]
         items = []
-        for i, r in enumerate(rows):
+        for i, r in enumerate(x[lo : lo + batch], start + lo):
             md = Struct()
-            md.update({"b": (lo + i) % BUCKETS})
-            items.append(common_pb2.Item(id=str(lo + i), vector=r.tolist(), metadata=md))
+            md.update({"b": i % BUCKETS})
+            items.append(common_pb2.Item(id=str(i), vector=r.tolist(), metadata=md))
         index.Upsert(index_pb2.UpsertRequest(collection="scale", items=items), timeout=600)
-        if lo // batch % 50 == 0:
-            log(f"ingested {lo + len(rows):,} of {len(x):,}")
+        if (start + lo) // batch % 50 == 0:
+            log(f"ingested {start + lo + len(items):,} of {total:,}")
+
+
+def _ingest(ch, x: np.ndarray, batch: int) -> float:
+    create(ch)
+    t0 = time.perf_counter()
+    upsert(ch, x, 0, batch, len(x))
     return time.perf_counter() - t0
 
 
@@ -218,7 +233,7 @@ def _recall_run(ch, reqs: list[dict], truth: np.ndarray) -> dict:
         r = search.Search(m, timeout=120)
         found.append([int(h.id) for h in r.hits])
 
-    search.Search(msgs[0], timeout=120)  # a filter's first use reads its matches: not timed
+    search.Search(msgs[0], timeout=1800)  # a filter's first use reads its matches: not timed
     load = run_concurrent(call, msgs, 1)
     ids = np.asarray([f + [-1] * (10 - len(f)) for f in found])
     return {**_stats(load), "recall": recall(ids, truth)}
@@ -255,7 +270,7 @@ def _load_run(ch, port: int, reqs: list[dict], concurrency: int, total: int) -> 
     return {**_stats(load), "client": "python threads", "errors": 0}
 
 
-def _index_runs(ch, port: int, kind: str, q: np.ndarray, truth: dict, n_load: int,
+def index_runs(ch, port: int, kind: str, q: np.ndarray, truth: dict, n_load: int,
                 save: Callable[[], None], row: dict) -> None:  # fmt: skip
     """Recall and speed on the built index: unfiltered, the knob's curve, filtered."""
     plain = _requests(q, None, None)
@@ -279,7 +294,7 @@ def _index_runs(ch, port: int, kind: str, q: np.ndarray, truth: dict, n_load: in
         save()
 
 
-def _rebuild(admin, kind: str) -> float | str:
+def rebuild_to(admin, kind: str) -> float | str:
     """Rebuild the collection to `kind`: the canary's recall, or why the swap was refused."""
     last, canary = None, 0.0
     req = admin_pb2.RebuildRequest(collection="scale", index_type=TYPES[kind],
@@ -313,7 +328,7 @@ def served(x: np.ndarray, q: np.ndarray, truth: dict, types: list[str], batch: i
             t0 = time.perf_counter()
             canary = 0.0
             if kind != serving:  # flat after another type is a rebuild back to flat
-                refused = _rebuild(admin, kind)
+                refused = rebuild_to(admin, kind)
                 if isinstance(refused, str):
                     out[kind] = {"refused": refused}
                     save()
@@ -323,7 +338,7 @@ def served(x: np.ndarray, q: np.ndarray, truth: dict, types: list[str], batch: i
                          "canary": canary or None,
                          "rss_mib": server.rss_mb(), "disk_mib": server.disk_mb()}  # fmt: skip
             out[kind] = row
-            _index_runs(ch, server.sub.port, kind, q, truth, n_load, save, row)
+            index_runs(ch, server.sub.port, kind, q, truth, n_load, save, row)
             row["rss_after_mib"] = server.rss_mb()
             save()
     finally:
