@@ -270,20 +270,28 @@ def _scan_codes(
 ) -> np.ndarray:
     """The best `depth` of the matching rows `found` (live) by their lossy codes, every one
     of them scored in memory: the candidates a small filter hands to the rescoring, where
-    an exact scan would read every matching float vector from the store. A flat index's
-    search is that scan; IVF-PQ's, with all of its lists probed; HNSW's codes are scanned
-    without the graph, which a filter this selective would cut into pieces."""
-    if coll.built_type != IndexType.HNSW:
-        if coll.built_type == IndexType.IVF_PQ:
-            knobs = replace(knobs, nprobe=coll.rparams.ivf_nlist)
-        return _indexed(ctx, coll, q, depth, found, knobs)[1]
-    sel = fx.BitmapSelector(_found_mask(coll, found))
-    id_map = coll.index.id_map  # the graph's positions -> seqs
-    codes = faiss.downcast_index(coll.index.index).storage
-    in_graph = faiss.IDSelectorTranslated(id_map, sel.sel)
-    _, pos = codes.search(q, depth, params=faiss.SearchParameters(sel=in_graph))
-    return np.array([[id_map.at(int(p)) if p >= 0 else -1 for p in row] for row in pos],
-                    dtype=np.int64).reshape(pos.shape)
+    an exact scan would read every matching float vector from the store. int8 codes (flat
+    or HNSW, whose graph a filter this selective would cut into pieces) are decoded in bulk
+    once for all the batch's queries; IVF-PQ's lists are all probed under the filter."""
+    if coll.built_type == IndexType.IVF_PQ:
+        every_list = replace(knobs, nprobe=coll.rparams.ivf_nlist)
+        return _indexed(ctx, coll, q, depth, found, every_list)[1]
+    n = coll.index.ntotal
+    if not n:
+        return np.full((q.shape[0], depth), -1, dtype=np.int64)
+    seq_at = faiss.rev_swig_ptr(coll.index.id_map.data(), n)  # index position -> seq (a view)
+    # (the index may hold a deleted row above the live set's range: sized to cover it)
+    mask = np.zeros(max(coll.live.capacity, int(seq_at.max()) + 1), dtype=bool)
+    mask[found] = True
+    pos = np.flatnonzero(mask[seq_at])
+    inner = faiss.downcast_index(coll.index.index)
+    sq = faiss.downcast_index(inner.storage) if coll.built_type == IndexType.HNSW else inner
+    codes = faiss.rev_swig_ptr(sq.codes.data(), n * sq.code_size).reshape(n, sq.code_size)
+    if not pos.size:
+        return np.full((q.shape[0], depth), -1, dtype=np.int64)
+    decoded = sq.sa_decode(np.ascontiguousarray(codes[pos]))
+    _, at = faiss.knn(q, decoded, min(depth, pos.size), metric=fx.faiss_metric(coll.metric))
+    return np.where(at >= 0, seq_at[pos][np.maximum(at, 0)], -1)
 
 
 def _found_mask(coll: Coll, found: np.ndarray) -> np.ndarray:
