@@ -552,9 +552,10 @@ type SearchResponse struct {
 	// Fewer than top_k only when fewer items match the filter (or exist); in LEXICAL mode,
 	// also when fewer items contain a word of the query.
 	ReturnedK int32 `protobuf:"varint,2,opt,name=returned_k,json=returnedK,proto3" json:"returned_k,omitempty"`
-	// True when the result is exact: a flat index or an exact scan of the filtered items for
-	// dense ranking, always for the lexical ranking (FTS5 ranks every matching item), and in
-	// HYBRID when both rankings were exact.
+	// True when the result is exact: a flat index of float vectors or an exact scan of the
+	// filtered items for dense ranking (a quantized or IVF_PQ collection's scan of a small
+	// filter's codes is rescored but not exact; `params.exact` is), always for the lexical
+	// ranking (FTS5 ranks every matching item), and in HYBRID when both rankings were exact.
 	Exhaustive bool `protobuf:"varint,3,opt,name=exhaustive,proto3" json:"exhaustive,omitempty"`
 	// name@version of the embedder that embedded the query text (empty for vector queries).
 	Embedder string `protobuf:"bytes,4,opt,name=embedder,proto3" json:"embedder,omitempty"`
