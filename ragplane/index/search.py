@@ -5,6 +5,7 @@ Scores are higher-is-better for every metric (l2: negative squared distance).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import replace
@@ -30,6 +31,10 @@ from ragplane.index.validate import check_knobs, check_top_k, query_vectors
 # many (or this fraction of) live items: cheap, and exact, whatever the index.
 EXACT_SCAN_MAX = 4096
 EXACT_SCAN_FRACTION = 0.02
+# A collection keeps the decoded int8 codes of its recent small filters' matches, up to
+# this many bytes (a filter of 1% of 1M x 384 takes 15 MB): a repeated filter (a tenant, a
+# source) is then scored without decoding again.
+DECODED_CACHE_BYTES = 64 << 20
 
 RawHits = list[list[tuple[int, str, float]]]  # per query: (seq, item id, score)
 
@@ -271,27 +276,50 @@ def _scan_codes(
     """The best `depth` of the matching rows `found` (live) by their lossy codes, every one
     of them scored in memory: the candidates a small filter hands to the rescoring, where
     an exact scan would read every matching float vector from the store. int8 codes (flat
-    or HNSW, whose graph a filter this selective would cut into pieces) are decoded in bulk
-    once for all the batch's queries; IVF-PQ's lists are all probed under the filter."""
+    or HNSW, whose graph a filter this selective would cut into pieces) are decoded in bulk,
+    once for the batch and kept for the filter's next search; IVF-PQ's lists are all probed
+    under the filter."""
     if coll.built_type == IndexType.IVF_PQ:
         every_list = replace(knobs, nprobe=coll.rparams.ivf_nlist)
         return _indexed(ctx, coll, q, depth, found, every_list)[1]
-    n = coll.index.ntotal
-    if not n:
+    seqs, X, sqnorms = _decoded(coll, found)
+    if not seqs.size:
         return np.full((q.shape[0], depth), -1, dtype=np.int64)
-    seq_at = faiss.rev_swig_ptr(coll.index.id_map.data(), n)  # index position -> seq (a view)
+    scores = q @ X.T  # [nq, matches]; l2 ranks by 2 q.x - |x|^2 (|q|^2 is the row's own)
+    if coll.metric == Metric.L2:
+        scores = 2 * scores - sqnorms
+    kk = min(depth, seqs.size)
+    best = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]  # unordered: all are rescored
+    return seqs[best]
+
+
+def _decoded(coll: Coll, found: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The seqs of `found` in the index, their int8 codes decoded, and their squared norms:
+    from the collection's cache when the same rows were scanned in this generation."""
+    key = (coll.generation, hashlib.blake2b(found.tobytes(), digest_size=16).digest())
+    with coll.cache_lock:
+        hit = coll.decoded_cache.get(key)
+        if hit is not None:
+            coll.decoded_cache.move_to_end(key)
+            return hit
+    n = coll.index.ntotal
+    seq_at = faiss.rev_swig_ptr(coll.index.id_map.data(), n) if n else np.zeros(0, np.int64)
     # (the index may hold a deleted row above the live set's range: sized to cover it)
-    mask = np.zeros(max(coll.live.capacity, int(seq_at.max()) + 1), dtype=bool)
+    mask = np.zeros(max(coll.live.capacity, int(seq_at.max(initial=0)) + 1), dtype=bool)
     mask[found] = True
     pos = np.flatnonzero(mask[seq_at])
     inner = faiss.downcast_index(coll.index.index)
     sq = faiss.downcast_index(inner.storage) if coll.built_type == IndexType.HNSW else inner
     codes = faiss.rev_swig_ptr(sq.codes.data(), n * sq.code_size).reshape(n, sq.code_size)
-    if not pos.size:
-        return np.full((q.shape[0], depth), -1, dtype=np.int64)
-    decoded = sq.sa_decode(np.ascontiguousarray(codes[pos]))
-    _, at = faiss.knn(q, decoded, min(depth, pos.size), metric=fx.faiss_metric(coll.metric))
-    return np.where(at >= 0, seq_at[pos][np.maximum(at, 0)], -1)
+    X = sq.sa_decode(np.ascontiguousarray(codes[pos])) if pos.size else np.zeros((0, coll.dim))
+    entry = (seq_at[pos], X.astype(np.float32, copy=False), np.einsum("ij,ij->i", X, X))
+    if X.nbytes <= DECODED_CACHE_BYTES:
+        with coll.cache_lock:
+            coll.decoded_cache[key] = entry
+            total = sum(e[1].nbytes for e in coll.decoded_cache.values())
+            while total > DECODED_CACHE_BYTES:
+                total -= coll.decoded_cache.popitem(last=False)[1][1].nbytes
+    return entry
 
 
 def _found_mask(coll: Coll, found: np.ndarray) -> np.ndarray:

@@ -104,6 +104,11 @@ class Coll:
         default_factory=OrderedDict
     )
     cache_lock: threading.Lock = field(default_factory=threading.Lock)
+    # (generation, digest of a small filter's matching seqs) -> (their seqs, their lossy
+    # codes decoded, squared norms): search.py's scan of a repeated filter; under cache_lock
+    decoded_cache: OrderedDict[tuple[int, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = (
+        field(default_factory=OrderedDict)
+    )
 
     # -- called with rw held for writing --
     def mark_live(self, seqs: np.ndarray, ids: Sequence[str], tails: Sequence[int] = ()) -> None:

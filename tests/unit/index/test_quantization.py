@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 
 from ragplane.core.errors import InvalidArgument
-from ragplane.index import Engine, Filter, IndexParams, IndexType, Metric, Quantization, SearchKnobs
+from ragplane.index import (
+    Engine,
+    Filter,
+    IndexParams,
+    IndexType,
+    Metric,
+    Quantization,
+    Record,
+    SearchKnobs,
+)
 from ragplane.index import search as search_mod
 from ragplane.index.types import Condition, FilterOp
 
@@ -138,3 +147,28 @@ def test_a_selective_filter_scores_the_matching_codes_and_reads_few_vectors(
                         for row, r in enumerate(res))
             assert found >= 0.99 * 20 * 10, (name, found)
             assert all(r.returned_k == 10 and not r.exhaustive for r in res)
+
+
+def test_a_repeated_filter_reuses_its_decoded_codes_and_sees_each_write(tmp_path):
+    x = embedding_like(3000, DIM, seed=12)
+    q = QUERIES[0]
+    flt = Filter(must=(Condition("g", FilterOp.EQ, 5),))  # 30 of 3,000 items
+    with Engine(tmp_path / "d") as eng:
+        eng.create_collection(T, "c", dim=DIM, metric=Metric.COSINE, index_type=IndexType.HNSW,
+                              embedder="e@1", params=INT8)
+        eng.upsert(T, "c", make_records(x, metadata=lambda i: {"g": i % 100}))
+        eng.rebuild(T, "c")
+        first = eng.search(T, "c", q, 5, filter=flt)[0]
+        again = eng.search(T, "c", q, 5, filter=flt)[0]
+        assert len(eng._colls[(T, "c")].decoded_cache) == 1  # white-box: decoded once
+        assert [h.id for h in again.hits] == [h.id for h in first.hits]
+        # a new matching item nearest the query, then it and the best one deleted: the next
+        # search sees each write
+        eng.upsert(T, "c", [Record(id="new", vector=q, text="", metadata={"g": 5})])
+        (res,) = eng.search(T, "c", q, 5, filter=flt)
+        assert res.hits[0].id == "new"
+        eng.delete(T, "c", ids=["new", first.hits[0].id])
+        (res,) = eng.search(T, "c", q, 5, filter=flt)
+        ids = [h.id for h in res.hits]
+        assert len(ids) == 5 and "new" not in ids and first.hits[0].id not in ids
+        assert ids[:4] == [h.id for h in first.hits[1:]]
