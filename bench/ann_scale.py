@@ -437,22 +437,29 @@ def report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.ann_scale",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--n", type=int, default=1_000_000)
+def parse_args(prog: str, doc: str | None, n: int, add: Callable[[argparse.ArgumentParser], None]
+               ) -> argparse.Namespace:  # fmt: skip
+    """The ANN benches' command line: `add` adds a bench's own options to the shared ones."""
+    p = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--n", type=int, default=n)
+    add(p)
+    p.add_argument("--queries", type=int, default=500)
+    p.add_argument("--batch", type=int, default=2000, help="vectors per Upsert")
+    p.add_argument("--json", default=str(OUT / f"{prog.split('.')[-1]}.json"))
+    p.add_argument("--report", metavar="JSON", help="print the tables of an earlier run")
+    return p.parse_args()
+
+
+def _own_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--types", default="flat,hnsw,ivf_pq", help="served index types, in order")
     p.add_argument("--in-process", default=None,
                    help="index types FAISS builds in-process after the served run "
                         "(default: --types; '' for none)")  # fmt: skip
-    p.add_argument("--queries", type=int, default=500)
-    p.add_argument("--batch", type=int, default=2000, help="vectors per Upsert")
-    p.add_argument("--json", default=str(OUT / "ann_scale.json"))
-    p.add_argument("--report", metavar="JSON", help="print the tables of an earlier run")
-    a = p.parse_args()
+
+
+def main() -> int:
+    a = parse_args("bench.ann_scale", __doc__, 1_000_000, _own_args)
     if a.report:
         print(report(json.loads(Path(a.report).read_text())))
         return 0
@@ -461,8 +468,9 @@ def main() -> int:
     in_proc = types if a.in_process is None else [t for t in a.in_process.split(",") if t]
     unknown = (set(types) - set(TYPES)) | (set(in_proc) - (set(TYPES) - set(PARAMS)))
     if unknown:
-        p.error(f"unknown index types {sorted(unknown)}; served: {', '.join(TYPES)}; "
-                f"in-process: {', '.join(t for t in TYPES if t not in PARAMS)}")  # fmt: skip
+        in_process_types = ", ".join(t for t in TYPES if t not in PARAMS)
+        raise SystemExit(f"unknown index types {sorted(unknown)}; served: {', '.join(TYPES)}; "
+                         f"in-process: {in_process_types}")  # fmt: skip
     if not GHZ.exists():
         log(
             "no .tools/bin/ghz (scripts/install_tools.sh ghz): concurrent load from Python "

@@ -34,7 +34,6 @@ import numpy as np
 from bench.ann_scale import (
     BUCKETS,
     DIM,
-    OUT,
     PARAMS,
     SELECTIVITY,
     TYPES,
@@ -43,6 +42,7 @@ from bench.ann_scale import (
     embedded_passages,
     index_runs,
     log,
+    parse_args,
     rebuild_to,
     report,
     upsert,
@@ -129,21 +129,14 @@ def measure(n: int, kind: str, train_at: int, n_queries: int, batch: int, path: 
     return res
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.ann_stream",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--n", type=int, default=10_000_000)
+def _own_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--type", default="ivf_pq", choices=sorted(TYPES))
     p.add_argument("--train-at", type=int, default=200_000,
                    help="items ingested before the rebuild that trains the index")  # fmt: skip
-    p.add_argument("--queries", type=int, default=500)
-    p.add_argument("--batch", type=int, default=2000, help="vectors per Upsert")
-    p.add_argument("--json", default=str(OUT / "ann_stream.json"))
-    p.add_argument("--report", metavar="JSON", help="print the tables of an earlier run")
-    a = p.parse_args()
+
+
+def main() -> int:
+    a = parse_args("bench.ann_stream", __doc__, 10_000_000, _own_args)
     if a.report:
         r = json.loads(Path(a.report).read_text())
     else:
