@@ -140,12 +140,11 @@ def _assemble(
     if backend.follower is not None:
         backend.follower.on_lag = metrics.observe_store_lag
     collections = CollectionService(
-        engine,
-        embedding,
-        max_batch_items=settings.max_batch_texts,
+        engine, embedding, max_batch_items=settings.max_batch_texts,
         search_max_batch=settings.search_max_batch,
+        search_coalesce_min_vectors=settings.search_coalesce_min_vectors,
         max_item_text_bytes=settings.max_item_text_bytes,
-    )
+    )  # fmt: skip
     # the store keeps the keys and the shadow's state too (a shared one: the cluster's)
     keys = KeyStore(db=backend.server_db(auth.TABLES))
     stack.callback(keys.close)

@@ -68,6 +68,7 @@ class CollectionService:
         max_batch_items: int = 2048,
         compatible: Compatible | None = None,
         search_max_batch: int = 64,
+        search_coalesce_min_vectors: int = 0,
         max_item_text_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         self.engine = engine
@@ -75,7 +76,9 @@ class CollectionService:
         self.max_batch_items = max_batch_items
         self.max_item_text_bytes = max_item_text_bytes
         self.embedded = ItemEmbedding(embedding, compatible)
-        self.searches = SearchCoalescer(engine, max_batch=search_max_batch)
+        self.searches = SearchCoalescer(
+            engine, max_batch=search_max_batch, min_vectors=search_coalesce_min_vectors
+        )
 
     @staticmethod
     def _tenant() -> str:
@@ -292,9 +295,10 @@ class CollectionService:
                 return self.engine.search_hybrid(
                     tenant, name, text, vector, k, fusion=fusion,
                     include_metadata=with_metadata, **options)
+            assert info is not None
             return self.searches.search(
                 tenant, name, vector, k, include_metadata=with_metadata, knobs=knobs,
-                **options)
+                vectors=max(info.count, info.chunks), **options)
 
         if grouping.field:
             res = groups.search_groups(

@@ -5,6 +5,10 @@ no search of its collection in flight runs at once (no added latency at low load
 one runs, others queue, and when it finishes, one waiting caller becomes the next leader
 and runs up to `max_batch` queued searches (oldest first) in one call. Searches with
 different parameters (top_k, filter, includes, search knobs) are grouped separately.
+
+Below `min_vectors` vectors a collection's scan costs less than the hand-off between
+threads that batching needs (a wait, a wake-up, the GIL changing hands), so its searches
+run at once, each its own call.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ class _Lane:
 
 
 class SearchCoalescer:
-    def __init__(self, engine: Store, max_batch: int = 64) -> None:
+    def __init__(self, engine: Store, max_batch: int = 64, min_vectors: int = 0) -> None:
         self.engine = engine
         self.max_batch = max(1, max_batch)
+        self.min_vectors = max(0, min_vectors)
         self._cond = threading.Condition()
         self._lanes: dict[tuple[str, str], _Lane] = {}
         self.calls = 0
@@ -47,7 +52,16 @@ class SearchCoalescer:
         include_metadata: bool,
         chunks_per_hit: int = 1,
         knobs: SearchKnobs | None = None,
+        vectors: int | None = None,
     ) -> SearchResult:
+        """`vectors`: how many the collection holds (None: unknown, so coalesced)."""
+        if vectors is not None and vectors < self.min_vectors:
+            self.calls += 1
+            self.queries += 1
+            return self.engine.search(
+                tenant, name, vector[None, :], top_k, filter=filter, include_text=include_text,
+                include_metadata=include_metadata, chunks_per_hit=chunks_per_hit, knobs=knobs,
+            )[0]  # fmt: skip
         key = (top_k, filter, include_text, include_metadata, chunks_per_hit, knobs)
         fut: Future[SearchResult] = Future()
         lane_key = (tenant, name)

@@ -175,6 +175,12 @@ class Settings(BaseSettings):
     search_max_batch: int = _doc(
         "Concurrent searches of one collection coalesced into one FAISS call.", default=64
     )
+    search_coalesce_min_vectors: int = _doc(
+        "Collections of fewer vectors than this search each request at once instead of "
+        "coalescing: their scan costs less than the hand-off batching needs. 0 = always "
+        "coalesce.",
+        default=20000,
+    )
     workers: int = _doc("gRPC handler threads.", default=64)
     grace_seconds: float = _doc(
         "On SIGTERM, in-flight calls get this long to finish before the server stops.",

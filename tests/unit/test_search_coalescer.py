@@ -1,0 +1,104 @@
+"""The search coalescer: concurrent searches of a large collection share one engine call;
+a small collection's searches run at once, each its own (their scan costs less than the
+hand-off); an engine error reaches every caller of its batch."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from ragplane.index.types import Hit, SearchResult
+from ragplane.server.search_batcher import SearchCoalescer
+
+
+class _Engine:
+    """Answers each query row with one hit named by its first value; the first call
+    blocks until `release` is set, so the searches that arrive meanwhile queue."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.batches: list[int] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.fail = fail
+
+    def search(self, tenant, name, queries, top_k, **_kw) -> list[SearchResult]:
+        first = not self.batches
+        self.batches.append(len(queries))
+        if first:
+            self.entered.set()
+            assert self.release.wait(10)
+        if self.fail:
+            raise RuntimeError("engine failed")
+        return [SearchResult([Hit(str(int(q[0])), 1.0)], 1, True) for q in queries]
+
+
+def _query(i: int) -> np.ndarray:
+    return np.full(4, float(i), dtype=np.float32)
+
+
+def _searches(c: SearchCoalescer, ids: range, vectors: int, pool: ThreadPoolExecutor) -> list:
+    return [pool.submit(c.search, "t", "c", _query(i), 1, filter=None, include_text=False,
+                        include_metadata=False, vectors=vectors) for i in ids]  # fmt: skip
+
+
+def test_a_large_collections_concurrent_searches_share_engine_calls():
+    engine = _Engine()
+    c = SearchCoalescer(engine, max_batch=64, min_vectors=1000)  # type: ignore[arg-type]
+    with ThreadPoolExecutor(16) as pool:
+        first = _searches(c, range(1), 1000, pool)
+        assert engine.entered.wait(10)
+        rest = _searches(c, range(1, 16), 1000, pool)
+        while sum(len(w.waiting) for w in c._lanes.values()) < 15:  # all 15 queued
+            threading.Event().wait(0.01)
+        engine.release.set()
+        results = [f.result(10) for f in first + rest]
+    assert [r.hits[0].id for r in results] == [str(i) for i in range(16)]  # each its own
+    assert engine.batches == [1, 15] and (c.calls, c.queries) == (2, 16)
+
+
+def test_a_small_collections_searches_run_at_once_each_its_own_call():
+    engine = _Engine()
+    c = SearchCoalescer(engine, max_batch=64, min_vectors=1000)  # type: ignore[arg-type]
+    with ThreadPoolExecutor(16) as pool:
+        first = _searches(c, range(1), 999, pool)
+        assert engine.entered.wait(10)
+        # with the first still in the engine, the others neither queue behind it nor batch
+        rest = [f.result(10) for f in _searches(c, range(1, 16), 999, pool)]
+        assert not first[0].done()
+        engine.release.set()
+        assert first[0].result(10).hits[0].id == "0"
+    assert [r.hits[0].id for r in rest] == [str(i) for i in range(1, 16)]
+    assert engine.batches == [1] * 16
+
+
+def test_min_vectors_zero_coalesces_every_collection():
+    engine = _Engine()
+    c = SearchCoalescer(engine, max_batch=64, min_vectors=0)  # type: ignore[arg-type]
+    with ThreadPoolExecutor(8) as pool:
+        first = _searches(c, range(1), 1, pool)
+        assert engine.entered.wait(10)
+        rest = _searches(c, range(1, 8), 1, pool)
+        while sum(len(w.waiting) for w in c._lanes.values()) < 7:
+            threading.Event().wait(0.01)
+        engine.release.set()
+        assert [f.result(10).hits[0].id for f in first + rest] == [str(i) for i in range(8)]
+    assert engine.batches == [1, 7]
+
+
+def test_an_engine_error_reaches_every_caller_of_its_batch():
+    engine = _Engine(fail=True)
+    c = SearchCoalescer(engine, max_batch=64, min_vectors=1000)  # type: ignore[arg-type]
+    with ThreadPoolExecutor(8) as pool:
+        first = _searches(c, range(1), 5000, pool)
+        assert engine.entered.wait(10)
+        rest = _searches(c, range(1, 8), 5000, pool)
+        while sum(len(w.waiting) for w in c._lanes.values()) < 7:
+            threading.Event().wait(0.01)
+        engine.release.set()
+        for f in first + rest:
+            with pytest.raises(RuntimeError, match="engine failed"):
+                f.result(10)
+    assert not c._lanes  # nothing left waiting
