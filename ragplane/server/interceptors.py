@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -94,23 +94,44 @@ class ServerInterceptor(grpc.ServerInterceptor):
         self._after = after
         self._admission = admission
         self._gate = consistency
+        self._wrapped: dict[str, tuple[Any, Any]] = {}  # method: (its handler, refused)
 
     def intercept_service(self, continuation, handler_call_details):  # type: ignore[override]
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
+        # A method's wrapped handlers are built once, on its first call: this runs on
+        # gRPC's one polling thread for every call, so per-call work here delays them all.
         method = handler_call_details.method
-        if method.startswith(("/grpc.health.", "/grpc.reflection.")):
-            return handler
+        wrapped = self._wrapped.get(method)
+        if wrapped is None:
+            handler = continuation(handler_call_details)
+            if handler is None:
+                return None  # not cached: unknown names are the caller's to choose
+            if method.startswith(("/grpc.health.", "/grpc.reflection.")):
+                wrapped = (handler, handler)
+            else:
+                served = self._wrap(method, handler, False)
+                refusal = served if self._admission is None else self._wrap(method, handler, True)
+                wrapped = (served, refusal)
+            self._wrapped[method] = wrapped
+        if wrapped[0] is not wrapped[1] and not self._admission.admit():  # type: ignore[union-attr]
+            return wrapped[1]
+        return wrapped[0]
+
+    def _wrap(self, method: str, handler: Any, refused: bool) -> Any:
+        """`handler` run inside the request id, authentication, error mapping and metrics;
+        `refused`: its behavior replaced by the refusal past the cap on concurrent calls."""
         before, after = self._before, self._after
         admission = self._admission
         gate = self._gate if self._gate is not None and self._gate.applies(method) else None
-        refused = admission is not None and not admission.admit()
         if refused:
+            assert admission is not None
             handler = _refusing(handler, admission.message())
 
         def start(context: grpc.ServicerContext) -> float:
-            rid = dict(context.invocation_metadata()).get("x-request-id") or uuid.uuid4().hex[:16]
+            rid = ""
+            for key, value in context.invocation_metadata():
+                if key == "x-request-id":
+                    rid = value
+            rid = rid or os.urandom(8).hex()
             request_id.set(rid)
             context.set_trailing_metadata((("x-request-id", rid),))
             if before is not None:
