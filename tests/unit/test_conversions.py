@@ -98,6 +98,8 @@ def test_record_hit_and_search_result_round_trip():
     assert conv.search_result_from_pb(conv.search_result_to_pb(hybrid)) == hybrid
     pb = conv.hit_to_pb(Hit("d", 0.5, dense=0.5))
     assert pb.HasField("dense_score") and not pb.HasField("lexical_score")
+    # every hit carries its metadata, empty or not, as it always has (clients read it)
+    assert pb.HasField("metadata") and not pb.metadata.fields and not pb.chunks
 
 
 @pytest.mark.parametrize("mode", list(SearchMode))
