@@ -203,7 +203,7 @@ def _ingest(ch, x: np.ndarray, batch: int) -> float:
     return time.perf_counter() - t0
 
 
-def _requests(q: np.ndarray, params: dict | None, flt: dict | None) -> list[dict]:
+def requests(q: np.ndarray, params: dict | None, flt: dict | None) -> list[dict]:
     out = []
     for v in q:
         r: dict = {"collection": "scale", "vector": {"values": v.tolist()}, "top_k": 10}
@@ -215,7 +215,7 @@ def _requests(q: np.ndarray, params: dict | None, flt: dict | None) -> list[dict
     return out
 
 
-def _messages(reqs: list[dict]) -> list[search_pb2.SearchRequest]:
+def messages(reqs: list[dict]) -> list[search_pb2.SearchRequest]:
     return [json_format.ParseDict(r, search_pb2.SearchRequest()) for r in reqs]
 
 
@@ -226,7 +226,7 @@ def _stats(load: Load) -> dict:
 def _recall_run(ch, reqs: list[dict], truth: np.ndarray) -> dict:
     """One query at a time from this process: recall@10, q/s and latency at concurrency 1."""
     search = search_pb2_grpc.SearchServiceStub(ch)
-    msgs = _messages(reqs)
+    msgs = messages(reqs)
     found: list[list[int]] = []
 
     def call(m: object) -> None:
@@ -239,7 +239,7 @@ def _recall_run(ch, reqs: list[dict], truth: np.ndarray) -> dict:
     return {**_stats(load), "recall": recall(ids, truth)}
 
 
-def _load_run(ch, port: int, reqs: list[dict], concurrency: int, total: int) -> dict:
+def load_run(ch, port: int, reqs: list[dict], concurrency: int, total: int) -> dict:
     """`total` searches at `concurrency`: by ghz (Go, one core, the protos) when
     `scripts/install_tools.sh ghz` installed it, else by Python threads in this process."""
     if GHZ.exists():
@@ -264,7 +264,7 @@ def _load_run(ch, port: int, reqs: list[dict], concurrency: int, total: int) -> 
                 "p99_ms": lat.get(99, float("nan")), "client": "ghz",
                 "errors": sum(v for k, v in codes.items() if k != "OK")}  # fmt: skip
     search = search_pb2_grpc.SearchServiceStub(ch)
-    msgs = _messages(reqs)
+    msgs = messages(reqs)
     load = run_concurrent(lambda i: search.Search(msgs[i % len(msgs)], timeout=120),
                           list(range(total)), concurrency)  # fmt: skip
     return {**_stats(load), "client": "python threads", "errors": 0}
@@ -273,23 +273,23 @@ def _load_run(ch, port: int, reqs: list[dict], concurrency: int, total: int) -> 
 def index_runs(ch, port: int, kind: str, q: np.ndarray, truth: dict, n_load: int,
                 save: Callable[[], None], row: dict) -> None:  # fmt: skip
     """Recall and speed on the built index: unfiltered, the knob's curve, filtered."""
-    plain = _requests(q, None, None)
+    plain = requests(q, None, None)
     row["c1"] = _recall_run(ch, plain, truth["all"])
-    row["c32"] = _load_run(ch, port, plain, 32, n_load)
+    row["c32"] = load_run(ch, port, plain, 32, n_load)
     save()
     knob, values = CURVES.get(kind, ("", []))
     for k in values:
-        reqs = _requests(q, {knob: k}, None)
+        reqs = requests(q, {knob: k}, None)
         row.setdefault("curve", []).append({
             "knob": k, "c1": _recall_run(ch, reqs, truth["all"]),
-            "c32": _load_run(ch, port, reqs, 32, n_load),
+            "c32": load_run(ch, port, reqs, 32, n_load),
         })  # fmt: skip
         save()
     for name, cut in SELECTIVITY.items():
-        reqs = _requests(q, None, _flt(cut))
+        reqs = requests(q, None, _flt(cut))
         row.setdefault("filtered", {})[name] = {
             "c1": _recall_run(ch, reqs, truth[name]),
-            "c32": _load_run(ch, port, reqs, 32, n_load),
+            "c32": load_run(ch, port, reqs, 32, n_load),
         }  # fmt: skip
         save()
 

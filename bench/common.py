@@ -61,12 +61,15 @@ class Server:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def start_server(*settings: str, data_dir: Path | None = None, timeout: float = 300.0) -> Server:
-    """`ragplane serve` on 127.0.0.1, port 0, with `--set` settings (FIELD=VALUE)."""
+def start_server(
+    *settings: str, data_dir: Path | None = None, timeout: float = 300.0, cwd: Path | None = None
+) -> Server:
+    """`ragplane serve` on 127.0.0.1, port 0, with `--set` settings (FIELD=VALUE); `cwd`:
+    the checkout that serves (this one by default)."""
     scratch = None if data_dir else Path(tempfile.mkdtemp(prefix="ragplane-bench-"))
     data_dir = data_dir or scratch / "data"
     extra = [a for s in settings for a in ("--set", s)]
-    sub = SubprocessServer(data_dir, *extra)
+    sub = SubprocessServer(data_dir, *extra, cwd=cwd)
     sub.start(timeout=timeout)
     return Server(sub, scratch)
 

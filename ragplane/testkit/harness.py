@@ -142,8 +142,12 @@ class SubprocessServer:
         *extra: str,
         env: dict[str, str] | None = None,
         embedder: str = "fake",
+        cwd: Path | None = None,
     ) -> None:
+        """`cwd`: the checkout whose `ragplane` serves (a benchmark's baseline; this one
+        by default)."""
         self.data_dir = data_dir
+        self.cwd = cwd or ROOT
         self.extra = extra
         self.embedder = embedder
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
@@ -179,7 +183,7 @@ class SubprocessServer:
                 *store,
                 *self.extra,
             ],
-            cwd=ROOT,
+            cwd=self.cwd,
             env=self.env,
             stdout=self.log,
             stderr=subprocess.STDOUT,

@@ -1,0 +1,161 @@
+"""`python -m bench.served_ceiling`: the served ceiling of Search (issue 41) -- searches/s
+at concurrency 32 on a 2,000-vector collection, where the scan costs nothing and the
+request path is all there is, this checkout beside a baseline commit, in one run.
+
+Two `ragplane serve` processes (embedded store, the fake embedder: vectors are sent, not
+text): one from a `git worktree` of `--baseline` (the old path), one from this checkout.
+Each holds the same 2,000 unit vectors (Gaussian, seeded) in a flat collection; queries are
+256 of them, perturbed. The load alternates between the two servers, `--rounds` times, so
+drift on a shared machine falls on both: each round is `--requests` searches at concurrency
+32 from ghz (Go, one core, the repository's protos; `scripts/install_tools.sh ghz`), then
+`--requests` / 10 one at a time from this process (p50 at concurrency 1). The report gives
+each server's median, and the ratio of the medians.
+
+    python -m bench.served_ceiling [--baseline REV] [--rounds 5] [--requests 10000]
+        [--json bench/out/served_ceiling.json] [--report JSON]
+
+Both servers stay up for the whole run (idle while the other is measured); nothing else
+should run meanwhile. ~3 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from bench.ann_scale import GHZ, OUT, create, load_run, log, messages, requests, upsert
+from bench.common import ROOT, Server, run_concurrent, start_server, table
+from ragplane.server.shadow.hardware import cpu_model
+from ragplane.v1 import search_pb2_grpc
+
+N, DIM, QUERIES = 2000, 384, 256
+
+
+def _vectors() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((N, DIM)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    q = x[:QUERIES] + 0.05 * rng.standard_normal((QUERIES, DIM)).astype(np.float32)
+    return x, q / np.linalg.norm(q, axis=1, keepdims=True)
+
+
+def _cpu_seconds(srv: Server) -> float:
+    """The server process's CPU time so far (user + system), from /proc."""
+    assert srv.sub.proc is not None
+    fields = Path(f"/proc/{srv.sub.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _c1_p50(srv: Server, reqs: list[dict], total: int) -> float:
+    stub = search_pb2_grpc.SearchServiceStub(srv.channel())
+    msgs = messages(reqs)
+    load = run_concurrent(lambda i: stub.Search(msgs[i % len(msgs)], timeout=60), range(total), 1)
+    return load.p(0.5) * 1e3
+
+
+def measure(baseline: str, rounds: int, total: int, path: Path) -> dict:
+    rev = subprocess.run(["git", "rev-parse", "--short", baseline], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout.strip()  # fmt: skip
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    status = ["git", "status", "--porcelain", "--untracked-files=no"]
+    dirty = bool(subprocess.run(status, cwd=ROOT, capture_output=True, text=True).stdout.strip())
+    scratch = Path(tempfile.mkdtemp(prefix="ragplane-ceiling-"))
+    tree = scratch / "baseline"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True,
+                   capture_output=True)  # fmt: skip
+    x, q = _vectors()
+    reqs = requests(q, None, None)
+    servers: dict[str, Server] = {}
+    r: dict = {"baseline": rev, "this": head + (" (uncommitted changes)" if dirty else ""),
+               "cpu": cpu_model(), "n": N, "rounds": []}  # fmt: skip
+    try:
+        for name, cwd in (("baseline", tree), ("this", None)):
+            servers[name] = srv = start_server("embedder=fake", cwd=cwd)
+            create(srv.channel())
+            upsert(srv.channel(), x, 0, N, N)
+            load_run(srv.channel(), srv.port, reqs, 32, 2000)  # warm: not counted
+        for i in range(rounds):
+            row = {}
+            for name, srv in servers.items():
+                cpu = _cpu_seconds(srv)
+                c32 = load_run(srv.channel(), srv.port, reqs, 32, total)
+                cpu_us = (_cpu_seconds(srv) - cpu) / total * 1e6
+                row[name] = {
+                    **{k: c32[k] for k in ("qps", "p50_ms", "p99_ms", "errors", "client")},
+                    "cpu_us": cpu_us,
+                    "c1_p50_ms": _c1_p50(srv, reqs, max(100, total // 10)),
+                }
+            r["rounds"].append(row)
+            log(f"round {i + 1}: " + ", ".join(f"{k} {v['qps']:,.0f} q/s" for k, v in row.items()))
+            path.write_text(json.dumps(r, indent=1))
+    finally:
+        for srv in servers.values():
+            srv.stop()
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
+                       capture_output=True)  # fmt: skip
+    return r
+
+
+def _median(r: dict, name: str, key: str) -> float:
+    return statistics.median(row[name][key] for row in r["rounds"])
+
+
+def report(r: dict) -> str:
+    names = ("baseline", "this")
+    rows = [[f"{name} ({r[name]})", " / ".join(f"{row[name]['qps']:,.0f}" for row in r["rounds"]),
+             f"{_median(r, name, 'qps'):,.0f}", f"{_median(r, name, 'p50_ms'):.1f}",
+             f"{_median(r, name, 'p99_ms'):.1f}", f"{_median(r, name, 'cpu_us'):.0f}",
+             f"{_median(r, name, 'c1_p50_ms'):.2f}",
+             sum(row[name]["errors"] for row in r["rounds"])]
+            for name in names]  # fmt: skip
+    ratio = _median(r, "this", "qps") / _median(r, "baseline", "qps")
+    client = r["rounds"][0]["this"]["client"]
+    return (
+        table(
+            [
+                "server",
+                "c=32 q/s, each round",
+                "median q/s",
+                "p50 ms",
+                "p99 ms",
+                "server CPU µs / search",
+                "c=1 p50 ms",
+                "errors",
+            ],
+            rows,
+        )  # fmt: skip
+        + f"\n\nCeiling ratio (median q/s, this / baseline): **{ratio:.2f}x** "
+        f"({len(r['rounds'])} alternating rounds, c=32 by {client}; CPU {r['cpu']})."
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.served_ceiling", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--baseline", default="105f6d2", help="the commit whose path is the old one")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--requests", type=int, default=10_000, help="searches per round, c=32")
+    p.add_argument("--json", default=str(OUT / "served_ceiling.json"))
+    p.add_argument("--report", metavar="JSON", help="print the table of an earlier run")
+    a = p.parse_args()
+    if a.report:
+        print(report(json.loads(Path(a.report).read_text())))
+        return 0
+    if not GHZ.exists():
+        log("no .tools/bin/ghz (scripts/install_tools.sh ghz): concurrent load from Python "
+            "threads, which take the server's cores")  # fmt: skip
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    print(report(measure(a.baseline, a.rounds, a.requests, Path(a.json))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
