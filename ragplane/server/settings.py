@@ -177,9 +177,10 @@ class Settings(BaseSettings):
     )
     search_coalesce_min_vectors: int = _doc(
         "Collections of fewer vectors than this search each request at once instead of "
-        "coalescing: their scan costs less than the hand-off batching needs. 0 = always "
-        "coalesce.",
-        default=20000,
+        "coalescing: their scan costs less than the hand-off batching needs (at 384 "
+        "dimensions on 2 cores: even at 8,000 vectors, 2x the coalesced rate at 20,000). "
+        "0 = always coalesce.",
+        default=8192,
     )
     workers: int = _doc("gRPC handler threads.", default=64)
     grace_seconds: float = _doc(
