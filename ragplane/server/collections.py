@@ -277,13 +277,15 @@ class CollectionService:
             result = self.embedding.embed([text], is_active=is_active)
             vector, identity = result.vectors[0], result.embedder
         assert vector is not None or mode is SearchMode.LEXICAL
+        vectors = max(info.count, info.chunks) if info is not None else 0
         if mode is SearchMode.DENSE:
             assert info is not None
             if vector.ndim != 1:
                 raise InvalidArgument(f"query vector must be one vector, got shape {vector.shape}")
-            # checked here, not only in the engine: a bad query must fail alone, before the
-            # coalescer batches it with other callers' searches
-            query_vectors(vector, info.dim, info.metric, name)
+            if self.searches.coalesces(vectors):
+                # checked here, not only in the engine: a bad query must fail alone, before
+                # the coalescer batches it with other callers' searches
+                query_vectors(vector, info.dim, info.metric, name)
         options = {"filter": filter, "include_text": include_text,
                    "chunks_per_hit": chunks_per_hit}
 
@@ -295,10 +297,9 @@ class CollectionService:
                 return self.engine.search_hybrid(
                     tenant, name, text, vector, k, fusion=fusion,
                     include_metadata=with_metadata, **options)
-            assert info is not None
             return self.searches.search(
                 tenant, name, vector, k, include_metadata=with_metadata, knobs=knobs,
-                vectors=max(info.count, info.chunks), **options)
+                vectors=vectors, **options)
 
         if grouping.field:
             res = groups.search_groups(

@@ -40,6 +40,11 @@ class SearchCoalescer:
         self.calls = 0
         self.queries = 0
 
+    def coalesces(self, vectors: int | None) -> bool:
+        """Whether a search of a collection of `vectors` waits to share an engine call
+        (False: it runs at once, alone; the engine checks its query)."""
+        return vectors is None or vectors >= self.min_vectors
+
     def search(
         self,
         tenant: str,
@@ -55,7 +60,7 @@ class SearchCoalescer:
         vectors: int | None = None,
     ) -> SearchResult:
         """`vectors`: how many the collection holds (None: unknown, so coalesced)."""
-        if vectors is not None and vectors < self.min_vectors:
+        if not self.coalesces(vectors):
             self.calls += 1
             self.queries += 1
             return self.engine.search(
