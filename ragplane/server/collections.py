@@ -277,7 +277,8 @@ class CollectionService:
             result = self.embedding.embed([text], is_active=is_active)
             vector, identity = result.vectors[0], result.embedder
         assert vector is not None or mode is SearchMode.LEXICAL
-        vectors = max(info.count, info.chunks) if info is not None else 0
+        # what a scan reads: live vectors and the replaced ones still in the index
+        vectors = max(info.count, info.chunks) + info.tombstones if info is not None else 0
         if mode is SearchMode.DENSE:
             assert info is not None
             if vector.ndim != 1:
