@@ -44,17 +44,23 @@ def _searches(c: SearchCoalescer, ids: range, vectors: int, pool: ThreadPoolExec
                         include_metadata=False, vectors=vectors) for i in ids]  # fmt: skip
 
 
+def _queued_behind_a_first(c: SearchCoalescer, engine: _Engine, n: int, vectors: int,
+                           pool: ThreadPoolExecutor) -> list:  # fmt: skip
+    """One search that the engine holds, `n - 1` more queued behind it, then released."""
+    first = _searches(c, range(1), vectors, pool)
+    assert engine.entered.wait(10)
+    rest = _searches(c, range(1, n), vectors, pool)
+    while sum(len(w.waiting) for w in c._lanes.values()) < n - 1:  # all of them queued
+        threading.Event().wait(0.01)
+    engine.release.set()
+    return first + rest
+
+
 def test_a_large_collections_concurrent_searches_share_engine_calls():
     engine = _Engine()
     c = SearchCoalescer(engine, max_batch=64, min_vectors=1000)  # type: ignore[arg-type]
     with ThreadPoolExecutor(16) as pool:
-        first = _searches(c, range(1), 1000, pool)
-        assert engine.entered.wait(10)
-        rest = _searches(c, range(1, 16), 1000, pool)
-        while sum(len(w.waiting) for w in c._lanes.values()) < 15:  # all 15 queued
-            threading.Event().wait(0.01)
-        engine.release.set()
-        results = [f.result(10) for f in first + rest]
+        results = [f.result(10) for f in _queued_behind_a_first(c, engine, 16, 1000, pool)]
     assert [r.hits[0].id for r in results] == [str(i) for i in range(16)]  # each its own
     assert engine.batches == [1, 15] and (c.calls, c.queries) == (2, 16)
 
@@ -78,27 +84,15 @@ def test_min_vectors_zero_coalesces_every_collection():
     engine = _Engine()
     c = SearchCoalescer(engine, max_batch=64, min_vectors=0)  # type: ignore[arg-type]
     with ThreadPoolExecutor(8) as pool:
-        first = _searches(c, range(1), 1, pool)
-        assert engine.entered.wait(10)
-        rest = _searches(c, range(1, 8), 1, pool)
-        while sum(len(w.waiting) for w in c._lanes.values()) < 7:
-            threading.Event().wait(0.01)
-        engine.release.set()
-        assert [f.result(10).hits[0].id for f in first + rest] == [str(i) for i in range(8)]
-    assert engine.batches == [1, 7]
+        done = [f.result(10).hits[0].id for f in _queued_behind_a_first(c, engine, 8, 1, pool)]
+    assert done == [str(i) for i in range(8)] and engine.batches == [1, 7]
 
 
 def test_an_engine_error_reaches_every_caller_of_its_batch():
     engine = _Engine(fail=True)
     c = SearchCoalescer(engine, max_batch=64, min_vectors=1000)  # type: ignore[arg-type]
     with ThreadPoolExecutor(8) as pool:
-        first = _searches(c, range(1), 5000, pool)
-        assert engine.entered.wait(10)
-        rest = _searches(c, range(1, 8), 5000, pool)
-        while sum(len(w.waiting) for w in c._lanes.values()) < 7:
-            threading.Event().wait(0.01)
-        engine.release.set()
-        for f in first + rest:
+        for f in _queued_behind_a_first(c, engine, 8, 5000, pool):
             with pytest.raises(RuntimeError, match="engine failed"):
                 f.result(10)
-    assert not c._lanes  # nothing left waiting
+    assert engine.batches == [1, 7] and not c._lanes  # one batch failed, nothing left
