@@ -3,6 +3,7 @@ load generator on loopback, and percentiles."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import threading
@@ -44,6 +45,13 @@ class Server:
             if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
         return float("nan")
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the server has used, from /proc: what a request path
+        costs it, which the load of other processes changes less than wall time."""
+        assert self.sub.proc is not None
+        fields = Path(f"/proc/{self.sub.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def peak_rss_mb(self) -> float:
         return self._status_mb("VmHWM")
@@ -124,5 +132,3 @@ def run_concurrent(
     if errors:
         raise RuntimeError(f"{len(errors)} calls failed; first: {errors[0]!r}")
     return Load(took, len(lat), lat)
-
-

@@ -27,7 +27,6 @@ import statistics
 import threading
 import time
 from http.client import HTTPConnection
-from pathlib import Path
 
 import numpy as np
 
@@ -113,15 +112,14 @@ def measure(rounds: int) -> dict:
         }
         seconds = {name: dict.fromkeys(CONCURRENCY, 0.0) for name in TRANSPORTS}
         cpu = {name: dict.fromkeys(CONCURRENCY, 0.0) for name in TRANSPORTS}
-        pid = srv.sub.proc.pid  # type: ignore[union-attr]
         at = 0
         for r in range(rounds):
             for i, c in enumerate(CONCURRENCY):
                 chunk, at = texts[at : at + slot_texts(c)], at + slot_texts(c)
                 for name in orders[(r + i) % len(orders)]:
-                    before = _cpu_seconds(pid)
+                    before = srv.cpu_seconds()
                     load = run_concurrent(callers[name], chunk, c)
-                    cpu[name][c] += _cpu_seconds(pid) - before
+                    cpu[name][c] += srv.cpu_seconds() - before
                     rates[name][c].append(load.per_second)
                     seconds[name][c] += load.seconds
         tokens = _mean_tokens(srv, texts)
@@ -149,13 +147,6 @@ def _mean_tokens(srv: Server, texts: list[str]) -> float:
         reply = stub.Embed(embed_pb2.EmbedRequest(texts=texts[i : i + 64]), timeout=300)
         counts += reply.token_counts
     return float(np.mean(counts))
-
-
-def _cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) the process has used, from /proc: what a transport costs
-    the server, which the load of other processes changes less than wall time."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _free_port() -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -46,11 +46,9 @@ def _vectors() -> tuple[np.ndarray, np.ndarray]:
     return x, q / np.linalg.norm(q, axis=1, keepdims=True)
 
 
-def _cpu_seconds(srv: Server) -> float:
-    """The server process's CPU time so far (user + system), from /proc."""
-    assert srv.sub.proc is not None
-    fields = Path(f"/proc/{srv.sub.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True,
+                          text=True).stdout.strip()  # fmt: skip
 
 
 def _c1_p50(srv: Server, reqs: list[dict], total: int) -> float:
@@ -61,16 +59,10 @@ def _c1_p50(srv: Server, reqs: list[dict], total: int) -> float:
 
 
 def measure(baseline: str, rounds: int, total: int, path: Path) -> dict:
-    rev = subprocess.run(["git", "rev-parse", "--short", baseline], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout.strip()  # fmt: skip
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout.strip()  # fmt: skip
-    status = ["git", "status", "--porcelain", "--untracked-files=no"]
-    dirty = bool(subprocess.run(status, cwd=ROOT, capture_output=True, text=True).stdout.strip())
-    scratch = Path(tempfile.mkdtemp(prefix="ragplane-ceiling-"))
-    tree = scratch / "baseline"
-    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True,
-                   capture_output=True)  # fmt: skip
+    rev, head = _git("rev-parse", "--short", baseline), _git("rev-parse", "--short", "HEAD")
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    tree = Path(tempfile.mkdtemp(prefix="ragplane-ceiling-")) / "baseline"
+    _git("worktree", "add", "--detach", str(tree), rev)
     x, q = _vectors()
     reqs = requests(q, None, None)
     servers: dict[str, Server] = {}
@@ -85,9 +77,9 @@ def measure(baseline: str, rounds: int, total: int, path: Path) -> dict:
         for i in range(rounds):
             row = {}
             for name, srv in servers.items():
-                cpu = _cpu_seconds(srv)
+                cpu = srv.cpu_seconds()
                 c32 = load_run(srv.channel(), srv.port, reqs, 32, total)
-                cpu_us = (_cpu_seconds(srv) - cpu) / total * 1e6
+                cpu_us = (srv.cpu_seconds() - cpu) / total * 1e6
                 row[name] = {
                     **{k: c32[k] for k in ("qps", "p50_ms", "p99_ms", "errors", "client")},
                     "cpu_us": cpu_us,
@@ -99,8 +91,10 @@ def measure(baseline: str, rounds: int, total: int, path: Path) -> dict:
     finally:
         for srv in servers.values():
             srv.stop()
+        # best effort, unlike _git: a failed removal must not hide the run's own error
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
                        capture_output=True)  # fmt: skip
+        shutil.rmtree(tree.parent, ignore_errors=True)
     return r
 
 
@@ -131,7 +125,7 @@ def report(r: dict) -> str:
                 "errors",
             ],
             rows,
-        )  # fmt: skip
+        )
         + f"\n\nCeiling ratio (median q/s, this / baseline): **{ratio:.2f}x** "
         f"({len(r['rounds'])} alternating rounds, c=32 by {client}; CPU {r['cpu']})."
     )
