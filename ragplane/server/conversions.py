@@ -289,8 +289,8 @@ def record_to_item(r: Record, include_vector: bool = True) -> common_pb2.Item:
 def hit_to_pb(h: Hit) -> search_pb2.Hit:
     # None stays unset: "not computed by this mode" differs from a score of 0. Fields at
     # their defaults are left out of the constructor: a search builds top_k of these.
-    pb = _Hit(id=h.id, score=h.score, text=h.text, dense_score=h.dense,
-              lexical_score=h.lexical, fused_score=h.fused)  # fmt: skip
+    pb = search_pb2.Hit(id=h.id, score=h.score, text=h.text, dense_score=h.dense,
+                        lexical_score=h.lexical, fused_score=h.fused)  # fmt: skip
     if h.metadata:
         pb.metadata.CopyFrom(dict_to_struct(h.metadata))
     else:
@@ -298,9 +298,6 @@ def hit_to_pb(h: Hit) -> search_pb2.Hit:
     if h.chunks:
         pb.chunks.extend(chunk_hits_to_pb(h.chunks))
     return pb
-
-
-_Hit = search_pb2.Hit
 
 
 def _optional(pb: Any, name: str) -> float | None:

@@ -94,7 +94,8 @@ class ServerInterceptor(grpc.ServerInterceptor):
         self._after = after
         self._admission = admission
         self._gate = consistency
-        self._wrapped: dict[str, tuple[Any, Any]] = {}  # method: (its handler, refused)
+        # method: (its handler, its refusal past the cap; None where none applies)
+        self._wrapped: dict[str, tuple[Any, Any | None]] = {}
 
     def intercept_service(self, continuation, handler_call_details):  # type: ignore[override]
         # A method's wrapped handlers are built once, on its first call: this runs on
@@ -106,15 +107,15 @@ class ServerInterceptor(grpc.ServerInterceptor):
             if handler is None:
                 return None  # not cached: unknown names are the caller's to choose
             if method.startswith(("/grpc.health.", "/grpc.reflection.")):
-                wrapped = (handler, handler)
+                wrapped = (handler, None)  # served as they are, never refused
             else:
-                served = self._wrap(method, handler, False)
-                refusal = served if self._admission is None else self._wrap(method, handler, True)
-                wrapped = (served, refusal)
+                refusal = None if self._admission is None else self._wrap(method, handler, True)
+                wrapped = (self._wrap(method, handler, False), refusal)
             self._wrapped[method] = wrapped
-        if wrapped[0] is not wrapped[1] and not self._admission.admit():  # type: ignore[union-attr]
-            return wrapped[1]
-        return wrapped[0]
+        served, refusal = wrapped
+        if refusal is not None and not self._admission.admit():  # type: ignore[union-attr]
+            return refusal
+        return served
 
     def _wrap(self, method: str, handler: Any, refused: bool) -> Any:
         """`handler` run inside the request id, authentication, error mapping and metrics;
