@@ -2,10 +2,9 @@
 
 gRPC's own `maximum_concurrent_rpcs` refuses from its core with RESOURCE_EXHAUSTED and no
 trailers, so a client cannot tell when to come back. Instead the handler pool counts the
-calls it holds (submitted, not finished), and the interceptor, which gRPC runs on its
-event loop before a call's work is handed to the pool, refuses past the cap with
-`errors.ResourceExhausted` (answered on the loop at once, even while every handler thread
-is busy), so the refusal gets the error table's `retry-after`.
+calls it holds (submitted, not finished: the count gRPC compares), and the interceptor,
+which gRPC runs on its event loop before a call is handed to the pool, refuses past the cap
+with `errors.ResourceExhausted`, so the refusal gets the error table's `retry-after`.
 The OpenAI-compatible HTTP API runs its calls on the same pool and asks the same
 `Admission`, so one cap counts the calls of both transports.
 """
@@ -44,11 +43,13 @@ class CountingExecutor(futures.ThreadPoolExecutor):
 
 
 class Admission:
-    """Admits a call while the pool holds fewer than `limit`."""
+    """Admits a call while the pool holds fewer than `limit`. Refusals run on a pool of
+    their own, so they are answered at once even while every handler thread is busy."""
 
     def __init__(self, pool: CountingExecutor, limit: int) -> None:
         self.pool = pool
         self.limit = max(1, int(limit))
+        self.refusals = futures.ThreadPoolExecutor(2, thread_name_prefix="rpc-refuse")
 
     def admit(self) -> bool:
         return self.pool.in_flight < self.limit
@@ -60,3 +61,5 @@ class Admission:
             "at once"
         )
 
+    def close(self) -> None:
+        self.refusals.shutdown(wait=False)

@@ -35,7 +35,6 @@ from ragplane.server.embedders import canonical, cluster_reembed
 from ragplane.server.embedding import Embedder, load_embedder
 from ragplane.server.embedding.service import EmbeddingService
 from ragplane.server.embedding.warmup import largest_pass, warm_up
-from ragplane.server.grpc_loop import LoopServer
 from ragplane.server.health_state import HealthState
 from ragplane.server.http_server import HttpServer, serve_http
 from ragplane.server.interceptors import ServerInterceptor
@@ -296,7 +295,7 @@ def create_server(
     embedder: Embedder | None = None,
     clock: Callable[[], float] = time.time,
     shadow_embedders: dict[str, Embedder] | None = None,
-) -> tuple[LoopServer, int, Runtime]:
+) -> tuple[grpc.Server, int, Runtime]:
     runtime = runtime or build_runtime(
         settings, embedder=embedder, clock=clock, shadow_embedders=shadow_embedders
     )
@@ -317,31 +316,26 @@ def create_server(
         ("grpc.so_reuseport", 0),
     ]
     pool = CountingExecutor(max_workers=settings.workers, thread_name_prefix="rpc")
-    runtime.closing.callback(pool.shutdown, wait=False)
     admission = Admission(pool, limit=settings.workers * 8)
+    runtime.closing.callback(admission.close)
     follower = runtime.backend.follower  # a store shared by many servers
     interceptor = ServerInterceptor(
         before=runtime.keys.authenticate, after=runtime.metrics.observe_rpc, admission=admission,
         consistency=Gate(follower, settings.consistency_wait_ms) if follower else None,
-        pool=pool,
     )
     # No maximum_concurrent_rpcs: gRPC would refuse without retry-after; Admission caps instead.
-    server = LoopServer(interceptors=[interceptor], options=options, pool=pool)
+    server = grpc.server(pool, interceptors=[interceptor], options=options)
+    _add_services(server, runtime, settings)
     address = f"{settings.host}:{settings.port}"
     try:
-        _add_services(server, runtime, settings)
         if settings.tls_cert:
             port = server.add_secure_port(address, _tls_credentials(settings))
         else:
             port = server.add_insecure_port(address)
-    except Exception as exc:
-        port = 0
-        if not (isinstance(exc, RuntimeError) and "bind" in str(exc).lower()):
-            server.stop(None).wait()
-            runtime.close()
-            raise
-    if port == 0:  # gRPC raises RuntimeError("Failed to bind ...") or answers 0
-        server.stop(None).wait()
+    except Exception:
+        runtime.close()
+        raise
+    if port == 0:
         runtime.close()
         raise InvalidArgument(f"cannot bind {address}; is another server using the port?")
     runtime.metrics.attach(_Gauges(runtime))
@@ -360,7 +354,7 @@ def create_server(
     return server, port, runtime
 
 
-def _add_services(loop_server: LoopServer, runtime: Runtime, settings: Settings) -> None:
+def _add_services(server: grpc.Server, runtime: Runtime, settings: Settings) -> None:
     """Register every servicer, health (SERVING until shutdown) and reflection."""
     info = embed_pb2.InfoResponse(
         model=runtime.embedding.canonical.model,
@@ -369,7 +363,6 @@ def _add_services(loop_server: LoopServer, runtime: Runtime, settings: Settings)
         max_batch_texts=settings.max_batch_texts,
         max_text_bytes=settings.max_text_bytes,
     )
-    server = loop_server.aio
     embed_pb2_grpc.add_EmbedServiceServicer_to_server(
         EmbedServicer(runtime.embedding, info), server
     )
@@ -385,12 +378,12 @@ def _add_services(loop_server: LoopServer, runtime: Runtime, settings: Settings)
         admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
     ]
 
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ["", *services]:
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     store_services = ["", *services[1:4]]  # the overall status and Index, Search, Memory
-    runtime.health = HealthState(
-        health_servicer, loop_server, ["", *services], runtime.backend.follower, store_services
-    )
+    runtime.health = HealthState(health_servicer, runtime.backend.follower, store_services)
     runtime.closing.callback(runtime.health.close)
     reflection.enable_server_reflection(
         [

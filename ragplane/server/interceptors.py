@@ -1,30 +1,25 @@
 """The one table from domain errors to gRPC status codes, and the interceptor that applies it.
 
-Every servicer method runs inside the interceptor's wrapper (on the event loop of
-`ragplane.server.grpc_loop`; the servicer itself on the handler pool): a RagplaneError
-becomes its status with its message; anything else is a bug, logged with its traceback
-and returned as INTERNAL with a request id to quote. RESOURCE_EXHAUSTED carries a
-`retry-after` trailer (seconds) and `grpc-retry-pushback-ms`, which gRPC clients with retry
-policies honour; so does a call refused past the cap on concurrent calls
-(`ragplane.server.admission`).
+Every servicer method runs inside `_guard`: a RagplaneError becomes its status with its
+message; anything else is a bug, logged with its traceback and returned as INTERNAL
+with a request id to quote. RESOURCE_EXHAUSTED carries a `retry-after` trailer
+(seconds) and `grpc-retry-pushback-ms`, which gRPC clients with retry policies honour;
+so does a call refused past the cap on concurrent calls (`ragplane.server.admission`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from typing import Any
 
 import grpc
 
 from ragplane.core import errors
 from ragplane.server.admission import Admission
-from ragplane.server.grpc_loop import Aborted, CallContext, blocking_iter, in_pool
 
 log = logging.getLogger(__name__)
 
@@ -54,18 +49,13 @@ def status_of(exc: BaseException) -> grpc.StatusCode | None:
     return None
 
 
-async def _abort(
-    context: grpc.aio.ServicerContext, call: CallContext | None, exc: BaseException, method: str
-) -> None:
-    """End the call with `exc`'s status (raises gRPC's AbortError, as aio's abort does)."""
+def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
     code = status_of(exc)
-    if isinstance(exc, Aborted):
-        code, message = exc.code, exc.details
-    elif isinstance(exc, TimeoutError) and call is not None and not call.is_active():
+    if isinstance(exc, TimeoutError) and not context.is_active():
         code, message = grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed"
     elif code is None:
         rid = request_id.get()
-        log.error("bug in %s (request %s)", method, rid, exc_info=exc)
+        log.exception("bug in %s (request %s)", method, rid)
         code, message = (
             grpc.StatusCode.INTERNAL,
             f"internal error (request id {rid}); this is a bug",
@@ -82,21 +72,14 @@ async def _abort(
                 ("grpc-retry-pushback-ms", str(int(exc.retry_after * 1000))),
             )
         )
-    await context.abort(code, message)
+    context.abort(code, message)
 
 
-def _code(exc: BaseException) -> str:
-    if isinstance(exc, Aborted):
-        return exc.code.name
-    return (status_of(exc) or grpc.StatusCode.INTERNAL).name
+Hook = Callable[[str, grpc.ServicerContext], Any]
 
 
-Hook = Callable[[str, Any], Any]
-
-
-class ServerInterceptor(grpc.aio.ServerInterceptor):
-    """Request ids, authentication (`before` hook), admission, error mapping and metrics
-    (`after`); a servicer's work runs on `pool`, everything else on the event loop."""
+class ServerInterceptor(grpc.ServerInterceptor):
+    """Request ids, authentication (`before` hook), error mapping and metrics (`after`)."""
 
     def __init__(
         self,
@@ -104,159 +87,112 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         after: Callable[[str, str, float], None] | None = None,
         admission: Admission | None = None,
         consistency: Any = None,
-        pool: futures.Executor | None = None,
     ) -> None:
         """`consistency` (a `ragplane.server.consistency.Gate`, with a PostgreSQL store)
-        sees each unary request before its servicer and each reply after it. `pool`: where
-        servicers run (None: the loop's default executor)."""
+        sees each unary request before its servicer and each reply after it."""
         self._before = before
         self._after = after
         self._admission = admission
         self._gate = consistency
-        self._pool = pool
         # method: (its handler, its refusal past the cap; None where none applies)
         self._wrapped: dict[str, tuple[Any, Any | None]] = {}
 
-    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[override]
-        # A method's wrapped handlers are built once, on its first call: this runs on the
-        # event loop for every call, so per-call work here delays them all.
+    def intercept_service(self, continuation, handler_call_details):  # type: ignore[override]
+        # A method's wrapped handlers are built once, on its first call: this runs on
+        # gRPC's one polling thread for every call, so per-call work here delays them all.
         method = handler_call_details.method
         wrapped = self._wrapped.get(method)
         if wrapped is None:
-            handler = await continuation(handler_call_details)
+            handler = continuation(handler_call_details)
             if handler is None:
                 return None  # not cached: unknown names are the caller's to choose
             if method.startswith(("/grpc.health.", "/grpc.reflection.")):
                 wrapped = (handler, None)  # served as they are, never refused
             else:
-                if handler.request_deserializer is not None:
-                    handler = handler._replace(
-                        request_deserializer=_safe_deserializer(handler.request_deserializer)
-                    )
-                refusal = None if self._admission is None else self._refusal(method, handler)
-                wrapped = (self._wrap(method, handler), refusal)
+                refusal = None if self._admission is None else self._wrap(method, handler, True)
+                wrapped = (self._wrap(method, handler, False), refusal)
             self._wrapped[method] = wrapped
         served, refusal = wrapped
         if refusal is not None and not self._admission.admit():  # type: ignore[union-attr]
             return refusal
         return served
 
-    def _start(self, context: grpc.aio.ServicerContext) -> None:
-        """On the loop: the call's request id (the caller's or a new one), in its trailers
-        and its context variables (which its pool work copies)."""
-        rid = ""
-        for key, value in context.invocation_metadata() or ():
-            if key == "x-request-id":
-                rid = value
-        rid = rid or os.urandom(8).hex()
-        request_id.set(rid)
-        context.set_trailing_metadata((("x-request-id", rid),))
-
-    def _finish(self, method: str, t0: float, code: str) -> None:
-        seconds = time.perf_counter() - t0
-        log.debug("%s %s %.2fms", method, code, seconds * 1e3)  # the access log
-        if self._after is not None:
-            self._after(method, code, seconds)
-
-    def _refusal(self, method: str, handler: Any) -> Any:
-        """`handler` answering RESOURCE_EXHAUSTED on the loop (past the cap on concurrent
-        calls), after authentication, so a caller without a key still learns that first."""
-        assert self._admission is not None
-        message = self._admission.message()
-        before = self._before
-
-        async def refuse(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-            t0 = time.perf_counter()
-            self._start(context)
-            call = CallContext(context)
-            exc: Exception = errors.ResourceExhausted(message)
-            try:
-                if before is not None:
-                    before(method, call)
-            except Exception as refused:
-                exc = refused
-            try:
-                await _abort(context, call, exc, method)
-            finally:
-                self._finish(method, t0, _code(exc))
-
-        if not (handler.unary_unary or handler.stream_unary):
-            refuse_stream = refuse
-
-            async def refuse(request_or_iterator: Any, context: Any) -> Any:  # type: ignore[no-redef]
-                await refuse_stream(request_or_iterator, context)
-                yield  # pragma: no cover - never reached: the call is aborted
-
-        return _with_behavior(handler, refuse)
-
-    def _wrap(self, method: str, handler: Any) -> Any:
-        """`handler` run inside the request id, authentication, error mapping and metrics,
-        its behavior on the pool."""
-        before, pool = self._before, self._pool
+    def _wrap(self, method: str, handler: Any, refused: bool) -> Any:
+        """`handler` run inside the request id, authentication, error mapping and metrics;
+        `refused`: its behavior replaced by the refusal past the cap on concurrent calls."""
+        before, after = self._before, self._after
+        admission = self._admission
         gate = self._gate if self._gate is not None and self._gate.applies(method) else None
-        behavior = _behavior(handler)
-        streams_in = bool(handler.stream_unary or handler.stream_stream)
+        if refused:
+            assert admission is not None
+            handler = _refusing(handler, admission.message())
 
-        def run(request_or_iterator: Any, call: CallContext) -> Any:  # on the pool
+        def start(context: grpc.ServicerContext) -> float:
+            rid = ""
+            for key, value in context.invocation_metadata():
+                if key == "x-request-id":
+                    rid = value
+            rid = rid or os.urandom(8).hex()
+            request_id.set(rid)
+            context.set_trailing_metadata((("x-request-id", rid),))
             if before is not None:
-                before(method, call)
-            request = _checked(request_or_iterator)
-            if gate is None:
-                return behavior(request, call)
-            gate.before(request)
-            return gate.after(behavior(request, call))
+                before(method, context)
+            return time.perf_counter()
 
-        def messages(request_or_iterator: Any) -> Any:
-            if streams_in:
-                return blocking_iter(request_or_iterator, asyncio.get_running_loop())
-            return request_or_iterator
+        def finish(t0: float, code: str) -> None:
+            seconds = time.perf_counter() - t0
+            log.debug("%s %s %.2fms", method, code, seconds * 1e3)  # the access log
+            if after is not None:
+                after(method, code, seconds)
 
-        async def unary(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-            t0 = time.perf_counter()
-            code = "OK"
-            self._start(context)
-            call = CallContext(context)
-            try:
-                return await in_pool(pool, run, messages(request_or_iterator), call)
-            except asyncio.CancelledError:
-                call.closed, code = True, "CANCELLED"
-                raise
-            except Exception as exc:
-                code = _code(exc)
-                await _abort(context, call, exc, method)
-            finally:
-                self._finish(method, t0, code)
+        def wrap_unary(behavior):
+            def wrapped(request_or_iterator, context):
+                t0 = time.perf_counter()
+                code = "OK"
+                try:
+                    t0 = start(context)
+                    request = _checked(request_or_iterator)
+                    if gate is None:
+                        return behavior(request, context)
+                    gate.before(request)
+                    return gate.after(behavior(request, context))
+                except Exception as exc:
+                    code = (status_of(exc) or grpc.StatusCode.INTERNAL).name
+                    if _is_abort(exc):
+                        raise
+                    _abort(context, exc, method)
+                finally:
+                    finish(t0, code)
 
-        def begin(request_or_iterator: Any, call: CallContext) -> Iterator[Any]:  # on the pool
-            if before is not None:
-                before(method, call)
-            return iter(behavior(_checked(request_or_iterator), call))
+            return wrapped
 
-        async def stream(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-            t0 = time.perf_counter()
-            code = "OK"
-            self._start(context)
-            call = CallContext(context)
-            try:
-                replies = await in_pool(pool, begin, messages(request_or_iterator), call)
-                while (reply := await in_pool(pool, next, replies, _END)) is not _END:
-                    yield reply
-            except (asyncio.CancelledError, GeneratorExit):
-                call.closed, code = True, "CANCELLED"
-                raise
-            except Exception as exc:
-                code = _code(exc)
-                await _abort(context, call, exc, method)
-            finally:
-                self._finish(method, t0, code)
+        def wrap_stream(behavior):
+            def wrapped(request_or_iterator, context) -> Iterator[Any]:
+                t0 = time.perf_counter()
+                code = "OK"
+                try:
+                    t0 = start(context)
+                    yield from behavior(_checked(request_or_iterator), context)
+                except Exception as exc:
+                    code = (status_of(exc) or grpc.StatusCode.INTERNAL).name
+                    if _is_abort(exc):
+                        raise
+                    _abort(context, exc, method)
+                finally:
+                    finish(t0, code)
 
-        return _with_behavior(
-            handler, unary if handler.unary_unary or handler.stream_unary else stream
-        )
+            return wrapped
 
-
-_END = object()
-_FIELDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+        if handler.request_deserializer is not None:
+            handler = handler._replace(
+                request_deserializer=_safe_deserializer(handler.request_deserializer)
+            )
+        wrapped = _wrap_behavior(handler, wrap_unary, wrap_stream)
+        if refused:
+            behavior = _behavior(wrapped)
+            # gRPC runs a behavior with this attribute on that pool instead of its own
+            behavior.experimental_thread_pool = admission.refusals  # type: ignore[union-attr]
+        return wrapped
 
 
 def _behavior(handler: grpc.RpcMethodHandler) -> Any:
@@ -265,10 +201,31 @@ def _behavior(handler: grpc.RpcMethodHandler) -> Any:
     )
 
 
-def _with_behavior(handler: Any, behavior: Any) -> Any:
-    """`handler` with its one behavior (whichever of the four kinds it is) replaced."""
-    field = next(f for f in _FIELDS if getattr(handler, f))
-    return handler._replace(**{field: behavior})
+def _wrap_behavior(handler: Any, wrap_unary: Callable, wrap_stream: Callable) -> Any:
+    if handler.unary_unary:
+        return handler._replace(unary_unary=wrap_unary(handler.unary_unary))
+    if handler.unary_stream:
+        return handler._replace(unary_stream=wrap_stream(handler.unary_stream))
+    if handler.stream_unary:
+        return handler._replace(stream_unary=wrap_unary(handler.stream_unary))
+    if handler.stream_stream:
+        return handler._replace(stream_stream=wrap_stream(handler.stream_stream))
+    return handler
+
+
+def _refusing(handler: Any, message: str) -> Any:
+    """`handler` with its behavior replaced by a refusal (ResourceExhausted): past the cap
+    on concurrent calls."""
+
+    def refuse(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
+        raise errors.ResourceExhausted(message)
+
+    field = next(
+        f
+        for f in ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+        if getattr(handler, f)
+    )
+    return handler._replace(**{field: refuse})
 
 
 class _Undecodable:
@@ -298,3 +255,8 @@ def _checked(request_or_iterator: Any) -> Any:
     if hasattr(request_or_iterator, "__next__"):
         return (_checked(r) for r in request_or_iterator)
     return request_or_iterator
+
+
+def _is_abort(exc: BaseException) -> bool:
+    # context.abort() raises a bare, argument-less Exception once the status is set.
+    return type(exc) is Exception and not exc.args
