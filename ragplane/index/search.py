@@ -266,6 +266,7 @@ def _indexed(
     params = fx.search_params(coll.built_type, coll.rparams, k,
                               sel.sel if sel is not None else None, knobs.ef_search,
                               knobs.nprobe)
+    fx.threads_for(q.shape[0])
     hits: tuple[np.ndarray, np.ndarray] = coll.index.search(q, k, params=params)
     return hits
 

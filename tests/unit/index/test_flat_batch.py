@@ -3,6 +3,9 @@ single-query scan answers, for every metric, with tombstones and filters."""
 
 from __future__ import annotations
 
+import threading
+
+import faiss
 import numpy as np
 import pytest
 
@@ -62,3 +65,31 @@ def test_fewer_items_than_top_k(tmp_path, metric):
         got = e.search("t", "c", rng.standard_normal((fx.BLAS_MIN_QUERIES, 8)), 10)
         assert all(sorted(h.id for h in r.hits) == ["0", "2"] for r in got)
         assert all(r.returned_k == 2 and r.exhaustive for r in got)
+
+
+def test_a_single_query_scans_on_one_openmp_thread_a_few_on_all(tmp_path):
+    """FAISS's flat scan of one query uses one thread while the rest of its OpenMP team
+    spins, doubling the CPU a search costs: the calling thread asks for one thread then,
+    and for the process's default again for a batch (libgomp keeps the count per thread)."""
+    if fx._OMP_DEFAULT < 2:
+        pytest.skip("OpenMP has one thread here")
+    rng = np.random.default_rng(5)
+    seen: dict[str, int] = {}
+    with Engine(tmp_path / "d") as e:
+        e.create_collection("t", "c", dim=8, metric=Metric.L2, index_type=IndexType.FLAT,
+                            embedder="x")  # fmt: skip
+        x = rng.standard_normal((50, 8)).astype(np.float32)
+        e.upsert("t", "c", [Record(str(i), x[i], "", {}) for i in range(50)])
+
+        def searches() -> None:  # a fresh thread starts at the process's default
+            seen["before"] = faiss.omp_get_max_threads()
+            assert e.search("t", "c", x[:1], 3)[0].hits[0].id == "0"
+            seen["one query"] = faiss.omp_get_max_threads()
+            assert [r.hits[0].id for r in e.search("t", "c", x[1:3], 3)] == ["1", "2"]
+            seen["two queries"] = faiss.omp_get_max_threads()
+
+        worker = threading.Thread(target=searches)
+        worker.start()
+        worker.join()
+    assert seen == {"before": fx._OMP_DEFAULT, "one query": 1,
+                    "two queries": fx._OMP_DEFAULT}  # fmt: skip
