@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Hashable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,10 +23,26 @@ from ragplane.index.backend import Store
 from ragplane.index.types import Filter, SearchKnobs, SearchResult
 
 
+class _Waiter:
+    """One caller's search. `wake` is held from the start; releasing it wakes the caller:
+    with its result or error set, or `lead` set (it runs the next batch)."""
+
+    __slots__ = ("key", "vector", "wake", "lead", "result", "error")
+
+    def __init__(self, key: Hashable, vector: np.ndarray) -> None:
+        self.key, self.vector = key, vector
+        self.wake = threading.Lock()
+        self.wake.acquire()
+        self.lead = False
+        self.result: SearchResult | None = None
+        self.error: BaseException | None = None
+
+
 @dataclass
 class _Lane:
-    busy: bool = False
-    waiting: list[tuple[Hashable, np.ndarray, Future[SearchResult]]] = field(default_factory=list)
+    """A collection with a batch running; `waiting` arrived meanwhile, oldest first."""
+
+    waiting: list[_Waiter] = field(default_factory=list)
 
 
 class SearchCoalescer:
@@ -35,7 +50,7 @@ class SearchCoalescer:
         self.engine = engine
         self.max_batch = max(1, max_batch)
         self.min_vectors = max(0, min_vectors)
-        self._cond = threading.Condition()
+        self._mu = threading.Lock()
         self._lanes: dict[tuple[str, str], _Lane] = {}
         self.calls = 0
         self.queries = 0
@@ -61,44 +76,64 @@ class SearchCoalescer:
     ) -> SearchResult:
         """`vectors`: how many the collection holds (None: unknown, so coalesced)."""
         if not self.coalesces(vectors):
-            self.calls += 1
-            self.queries += 1
+            with self._mu:
+                self.calls += 1
+                self.queries += 1
             return self.engine.search(
                 tenant, name, vector[None, :], top_k, filter=filter, include_text=include_text,
                 include_metadata=include_metadata, chunks_per_hit=chunks_per_hit, knobs=knobs,
             )[0]  # fmt: skip
-        key = (top_k, filter, include_text, include_metadata, chunks_per_hit, knobs)
-        fut: Future[SearchResult] = Future()
+        me = _Waiter((top_k, filter, include_text, include_metadata, chunks_per_hit, knobs),
+                     vector)  # fmt: skip
         lane_key = (tenant, name)
-        with self._cond:
-            lane = self._lanes.setdefault(lane_key, _Lane())
-            lane.waiting.append((key, vector, fut))
-        while True:
-            with self._cond:
-                while not fut.done() and lane.busy:
-                    self._cond.wait()
-                if fut.done():
-                    return fut.result()
-                lane.busy = True
-                first = lane.waiting[0][0]
-                group = [w for w in lane.waiting if w[0] == first][: self.max_batch]
-                taken = {id(w[2]) for w in group}
-                lane.waiting = [w for w in lane.waiting if id(w[2]) not in taken]
-            try:
-                self._run(tenant, name, group)
-            finally:
-                with self._cond:
-                    lane.busy = False
-                    if not lane.waiting and self._lanes.get(lane_key) is lane:
-                        del self._lanes[lane_key]
-                    self._cond.notify_all()
+        with self._mu:
+            lane = self._lanes.get(lane_key)
+            if lane is None:  # nothing running: lead at once
+                self._lanes[lane_key] = lane = _Lane()
+                me.lead = True
+            else:
+                lane.waiting.append(me)
+        if not me.lead:
+            me.wake.acquire()  # one wake-up: answered, or handed the lead
+        if me.lead:
+            self._lead(tenant, name, lane_key, lane, me)
+        if me.error is not None:
+            raise me.error
+        assert me.result is not None
+        return me.result
 
-    def _run(
-        self, tenant: str, name: str, group: list[tuple[Hashable, np.ndarray, Future[SearchResult]]]
-    ) -> None:
-        top_k, filter, include_text, include_metadata, per_hit, knobs = group[0][0]  # type: ignore[misc]
+    def _lead(self, tenant: str, name: str, lane_key: tuple[str, str], lane: _Lane,
+              me: _Waiter) -> None:  # fmt: skip
+        """Run `me` with the waiting searches that share its parameters (up to `max_batch`,
+        oldest first), then hand the lead to the oldest still waiting, or close the lane."""
+        group = [me]
         try:
-            queries = np.stack([w[1] for w in group]).astype(np.float32, copy=False)
+            with self._mu:
+                rest = []
+                for w in lane.waiting:
+                    if w.key == me.key and len(group) < self.max_batch:
+                        group.append(w)
+                    else:
+                        rest.append(w)
+                lane.waiting = rest
+            self._run(tenant, name, group)
+        finally:
+            with self._mu:
+                if lane.waiting:
+                    nxt: _Waiter | None = lane.waiting.pop(0)
+                    nxt.lead = True  # type: ignore[union-attr]
+                else:
+                    nxt = None
+                    del self._lanes[lane_key]
+            if nxt is not None:  # first: its batch overlaps the answers below
+                nxt.wake.release()
+            for w in group[1:]:
+                w.wake.release()
+
+    def _run(self, tenant: str, name: str, group: list[_Waiter]) -> None:
+        top_k, filter, include_text, include_metadata, per_hit, knobs = group[0].key  # type: ignore[misc]
+        try:
+            queries = np.stack([w.vector for w in group]).astype(np.float32, copy=False)
             results = self.engine.search(
                 tenant,
                 name,
@@ -112,9 +147,10 @@ class SearchCoalescer:
             )
         except BaseException as exc:  # every caller of the batch hears the error
             for w in group:
-                w[2].set_exception(exc)
+                w.error = exc
             return
-        self.calls += 1
-        self.queries += len(group)
+        with self._mu:
+            self.calls += 1
+            self.queries += len(group)
         for w, r in zip(group, results, strict=True):
-            w[2].set_result(r)
+            w.result = r
