@@ -4,14 +4,15 @@ request path is all there is, this checkout beside a baseline commit, in one run
 
 Two `ragplane serve` processes (embedded store, the fake embedder: vectors are sent, not
 text): one from a `git worktree` of `--baseline` (the old path), one from this checkout.
-Each holds the same 2,000 unit vectors (Gaussian, seeded) in a flat collection; queries are
-256 of them, perturbed. The load alternates between the two servers, `--rounds` times, so
-drift on a shared machine falls on both: each round is `--requests` searches at concurrency
-32 from ghz (Go, one core, the repository's protos; `scripts/install_tools.sh ghz`), then
-`--requests` / 10 one at a time from this process (p50 at concurrency 1). The report gives
-each server's median, and the ratio of the medians.
+Each holds the same 2,000 unit vectors (Gaussian, seeded; `--vectors` for another size)
+in a flat collection; queries are 256 of them, perturbed. The load alternates between the
+two servers, `--rounds` times, so drift on a shared machine falls on both: each round is
+`--requests` searches at concurrency 32 from ghz (Go, one core, the repository's protos;
+`scripts/install_tools.sh ghz`), then `--requests` / 10 one at a time from this process
+(p50 at concurrency 1). The report gives each server's median, and the ratio of the medians.
 
     python -m bench.served_ceiling [--baseline REV] [--rounds 5] [--requests 10000]
+        [--vectors 2000]
         [--json bench/out/served_ceiling.json] [--report JSON]
 
 Both servers stay up for the whole run (idle while the other is measured); nothing else
@@ -38,9 +39,9 @@ from ragplane.v1 import search_pb2_grpc
 N, DIM, QUERIES = 2000, 384, 256
 
 
-def _vectors() -> tuple[np.ndarray, np.ndarray]:
+def _vectors(n: int = N) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((N, DIM)).astype(np.float32)
+    x = rng.standard_normal((n, DIM)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     q = x[:QUERIES] + 0.05 * rng.standard_normal((QUERIES, DIM)).astype(np.float32)
     return x, q / np.linalg.norm(q, axis=1, keepdims=True)
@@ -58,21 +59,21 @@ def _c1_p50(srv: Server, reqs: list[dict], total: int) -> float:
     return load.p(0.5) * 1e3
 
 
-def measure(baseline: str, rounds: int, total: int, path: Path) -> dict:
+def measure(baseline: str, rounds: int, total: int, path: Path, n: int = N) -> dict:
     rev, head = _git("rev-parse", "--short", baseline), _git("rev-parse", "--short", "HEAD")
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
     tree = Path(tempfile.mkdtemp(prefix="ragplane-ceiling-")) / "baseline"
     _git("worktree", "add", "--detach", str(tree), rev)
-    x, q = _vectors()
+    x, q = _vectors(n)
     reqs = requests(q, None, None)
     servers: dict[str, Server] = {}
     r: dict = {"baseline": rev, "this": head + (" (uncommitted changes)" if dirty else ""),
-               "cpu": cpu_model(), "n": N, "rounds": []}  # fmt: skip
+               "cpu": cpu_model(), "n": n, "rounds": []}  # fmt: skip
     try:
         for name, cwd in (("baseline", tree), ("this", None)):
             servers[name] = srv = start_server("embedder=fake", cwd=cwd)
             create(srv.channel())
-            upsert(srv.channel(), x, 0, N, N)
+            upsert(srv.channel(), x, 0, min(n, 2000), n)
             load_run(srv.channel(), srv.port, reqs, 32, 2000)  # warm: not counted
         for i in range(rounds):
             row = {}
@@ -127,7 +128,8 @@ def report(r: dict) -> str:
             rows,
         )
         + f"\n\nCeiling ratio (median q/s, this / baseline): **{ratio:.2f}x** "
-        f"({len(r['rounds'])} alternating rounds, c=32 by {client}; CPU {r['cpu']})."
+        f"({len(r['rounds'])} alternating rounds, c=32 by {client}, {r['n']:,} vectors; "
+        f"CPU {r['cpu']})."
     )
 
 
@@ -137,6 +139,8 @@ def main() -> int:
     p.add_argument("--baseline", default="105f6d2", help="the commit whose path is the old one")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--requests", type=int, default=10_000, help="searches per round, c=32")
+    p.add_argument("--vectors", type=int, default=N,
+                   help="the collection's size (the ceiling is measured at 2,000)")
     p.add_argument("--json", default=str(OUT / "served_ceiling.json"))
     p.add_argument("--report", metavar="JSON", help="print the table of an earlier run")
     a = p.parse_args()
@@ -147,7 +151,7 @@ def main() -> int:
         log("no .tools/bin/ghz (scripts/install_tools.sh ghz): concurrent load from Python "
             "threads, which take the server's cores")  # fmt: skip
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    print(report(measure(a.baseline, a.rounds, a.requests, Path(a.json))))
+    print(report(measure(a.baseline, a.rounds, a.requests, Path(a.json), a.vectors)))
     return 0
 
 
