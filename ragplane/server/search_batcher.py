@@ -119,11 +119,10 @@ class SearchCoalescer:
             self._run(tenant, name, group)
         finally:
             with self._mu:
-                if lane.waiting:
-                    nxt: _Waiter | None = lane.waiting.pop(0)
-                    nxt.lead = True  # type: ignore[union-attr]
+                nxt = lane.waiting.pop(0) if lane.waiting else None
+                if nxt is not None:
+                    nxt.lead = True
                 else:
-                    nxt = None
                     del self._lanes[lane_key]
             if nxt is not None:  # first: its batch overlaps the answers below
                 nxt.wake.release()
