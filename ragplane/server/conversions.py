@@ -286,17 +286,29 @@ def record_to_item(r: Record, include_vector: bool = True) -> common_pb2.Item:
     return item
 
 
-def hit_to_pb(h: Hit) -> search_pb2.Hit:
+def _fill_hit(pb: search_pb2.Hit, h: Hit) -> None:
+    """`pb` (a hit just added to its response) set from `h`. Searches add up to top_k of
+    these: built in place, where a Hit built apart would be copied into the response."""
     # None stays unset: "not computed by this mode" differs from a score of 0. Fields at
-    # their defaults are left out of the constructor: a search builds top_k of these.
-    pb = search_pb2.Hit(id=h.id, score=h.score, text=h.text, dense_score=h.dense,
-                        lexical_score=h.lexical, fused_score=h.fused)  # fmt: skip
+    # their defaults are left out: each costs even when it sets nothing.
+    pb.id, pb.score = h.id, h.score
+    if h.text:
+        pb.text = h.text
+    for field, value in (("dense_score", h.dense), ("lexical_score", h.lexical),
+                         ("fused_score", h.fused)):  # fmt: skip
+        if value is not None:
+            setattr(pb, field, value)
     if h.metadata:
         pb.metadata.CopyFrom(dict_to_struct(h.metadata))
     else:
         pb.metadata.SetInParent()  # present and empty, as every hit always had it
     if h.chunks:
         pb.chunks.extend(chunk_hits_to_pb(h.chunks))
+
+
+def hit_to_pb(h: Hit) -> search_pb2.Hit:
+    pb = search_pb2.Hit()
+    _fill_hit(pb, h)
     return pb
 
 
@@ -318,14 +330,17 @@ def hit_from_pb(pb: search_pb2.Hit) -> Hit:
 
 
 def search_result_to_pb(r: SearchResult, embedder: str = "") -> search_pb2.SearchResponse:
-    return search_pb2.SearchResponse(
-        hits=[hit_to_pb(h) for h in r.hits],
-        returned_k=r.returned_k,
-        exhaustive=r.exhaustive,
-        embedder=embedder,
-        groups=[search_pb2.HitGroup(key=value_to_pb(g.key), hits=[hit_to_pb(h) for h in g.hits])
-                for g in r.groups],
-    )
+    pb = search_pb2.SearchResponse(returned_k=r.returned_k, exhaustive=r.exhaustive,
+                                   embedder=embedder)  # fmt: skip
+    add = pb.hits.add
+    for h in r.hits:
+        _fill_hit(add(), h)
+    for g in r.groups:
+        group = pb.groups.add()
+        group.key.CopyFrom(value_to_pb(g.key))
+        for h in g.hits:
+            _fill_hit(group.hits.add(), h)
+    return pb
 
 
 def search_result_from_pb(pb: search_pb2.SearchResponse) -> SearchResult:

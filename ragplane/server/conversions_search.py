@@ -127,6 +127,9 @@ def value_from_pb(pb: struct_pb2.Value) -> Any:
     return json_format.MessageToDict(pb)
 
 
+NO_FUSION = Fusion()  # what an unset Fusion means
+
+
 def fusion_from_pb(pb: common_pb2.Fusion) -> Fusion:
     """Zero and unset fields take their defaults; index.fusion.check validates the rest."""
     try:

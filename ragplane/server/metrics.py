@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -147,6 +147,7 @@ class Metrics:
             buckets=_LAG_BUCKETS,
             registry=r,
         )
+        self._rpc_series: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._http = None
 
     def observe_store_lag(self, seconds: float) -> None:
@@ -157,9 +158,15 @@ class Metrics:
         self.http_latency.labels(route).observe(seconds)
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
-        name = method.rsplit("/", 2)[-2].rsplit(".", 1)[-1] + "/" + method.rsplit("/", 1)[-1]
-        self.requests.labels(name, code).inc()
-        self.latency.labels(name).observe(seconds)
+        # the labelled series of each (method, code), found once: labels() takes a lock
+        # and builds its key on every call, the half of this that runs per call
+        series = self._rpc_series.get((method, code))
+        if series is None:
+            name = method.rsplit("/", 2)[-2].rsplit(".", 1)[-1] + "/" + method.rsplit("/", 1)[-1]
+            series = self.requests.labels(name, code), self.latency.labels(name)
+            self._rpc_series[(method, code)] = series  # registered methods only: bounded
+        series[0].inc()
+        series[1].observe(seconds)
 
     def observe_pass(self, texts: int, requests: int, seconds: float) -> None:
         self.batch_texts.observe(texts)
