@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +25,22 @@ from ragplane.index import faiss_index as fx
 from ragplane.index.types import Chunking, IndexParams, IndexType, Kind, Metric, Splitter
 
 
+class _Held:
+    """`with`: `enter()` then `exit()`; reused for every holder, so a search's locks cost
+    two calls, not a generator (contextlib's) made and stepped each time."""
+
+    __slots__ = ("enter", "exit")
+
+    def __init__(self, enter: Callable[[], None], exit: Callable[[], None]) -> None:
+        self.enter, self.exit = enter, exit
+
+    def __enter__(self) -> None:
+        self.enter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.exit()
+
+
 class RWLock:
     """Writer-preferring readers-writer lock (not re-entrant)."""
 
@@ -33,35 +49,41 @@ class RWLock:
         self._readers = 0
         self._writer = False
         self._waiting = 0
+        self._read = _Held(self._acquire_read, self._release_read)
+        self._write = _Held(self._acquire_write, self._release_write)
 
-    @contextmanager
-    def read(self) -> Iterator[None]:
+    def read(self) -> _Held:
+        return self._read
+
+    def write(self) -> _Held:
+        return self._write
+
+    def _acquire_read(self) -> None:
         with self._cond:
             while self._writer or self._waiting:
                 self._cond.wait()
             self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                if self._readers == 0:
-                    self._cond.notify_all()
 
-    @contextmanager
-    def write(self) -> Iterator[None]:
+    def _release_read(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            # only a writer waits for the readers to leave (readers wait for a writer,
+            # whose release wakes them)
+            if self._readers == 0 and self._waiting:
+                self._cond.notify_all()
+
+    def _acquire_write(self) -> None:
         with self._cond:
             self._waiting += 1
             while self._writer or self._readers:
                 self._cond.wait()
             self._waiting -= 1
             self._writer = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writer = False
-                self._cond.notify_all()
+
+    def _release_write(self) -> None:
+        with self._cond:
+            self._writer = False
+            self._cond.notify_all()
 
 
 @dataclass(eq=False)
