@@ -109,6 +109,14 @@ class PipelinedEncoder:
         self._tok.no_padding()
         self._encode_batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
         self._pin = self.device.type == "cuda"
+        if self._pin:
+            # torch's SDPA prefers cuDNN's attention for fp16 on Hopper, and cuDNN builds a
+            # plan for every new shape: ~50-70 ms the first time each (rows, width) comes,
+            # and real texts bring new widths all day (H200, torch 2.11: fp16 at batch 1
+            # 144 texts/s with it, 335 without; fp32 never takes it). The other fused
+            # kernels need no plan. Process-wide: sdpa_kernel() toggles the same global
+            # flags, so a per-call context would race between threads.
+            torch.backends.cuda.enable_cudnn_sdp(False)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="st-tokenise")
         first = st_model[0]
         self._fp32 = (getattr(first, "auto_model", None) or first.model).eval()
