@@ -1,6 +1,6 @@
 """11. Bulk ingest: the same pipeline in this process and on Ray Data (one node), and the
 server's upsert of precomputed vectors alone. The report holds only what this run measured;
-the scaling model for N nodes built on these rates (and on an assumed GPU rate) is written
+the scaling model for N nodes built on these rates (and on the GPU rate of section 8) is written
 by hand in BENCHMARKS.md, outside the section's markers.
 
 `python -m bench.ingest` (prints; `--write` also updates BENCHMARKS.md) or
