@@ -211,10 +211,8 @@ def _phase_load(run: _Run) -> None:
         for kind, texts in corpora.items():
             tokens = counter(texts)
             ph.data[f"{kind}_tokens_mean"] = round(float(np.mean(tokens)), 1)
-        # warm-up: kernels, allocator, autotuning, at every batch size the cells time (a
-        # shape's first fp16 call on CUDA costs more than a whole small cell of it)
-        for fn in paths.values():
-            for texts in corpora.values():
+        for fn in paths.values():  # warm-up at every batch size timed: a shape's first call
+            for texts in corpora.values():  # (autotuning, plans) costs more than a small cell
                 for b in sorted({1, 256, *args.batches}):
                     fn(texts[:b])
 
