@@ -20,6 +20,29 @@ from ragplane.testkit.harness import ROOT, SubprocessServer
 __all__ = ["ROOT", "Load", "Server", "run_concurrent", "start_server", "table"]
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process `pid` has used, from /proc: what a request path
+    costs a server, which the load of other processes changes less than wall time."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+_SWITCHES = ("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")
+
+
+def switches(pid: int) -> int:
+    """Context switches (voluntary and not) of process `pid`'s live threads, from /proc: a
+    thread handing work or the GIL to another shows as one."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            lines = (task / "status").read_text().splitlines()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += sum(int(ln.split()[1]) for ln in lines if ln.startswith(_SWITCHES))
+    return total
+
+
 @dataclass
 class Server:
     """A `ragplane serve` subprocess (testkit.harness.SubprocessServer) for a benchmark."""
@@ -47,11 +70,12 @@ class Server:
         return float("nan")
 
     def cpu_seconds(self) -> float:
-        """CPU time (user + system) the server has used, from /proc: what a request path
-        costs it, which the load of other processes changes less than wall time."""
         assert self.sub.proc is not None
-        fields = Path(f"/proc/{self.sub.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.sub.proc.pid)
+
+    def switches(self) -> int:
+        assert self.sub.proc is not None
+        return switches(self.sub.proc.pid)
 
     def peak_rss_mb(self) -> float:
         return self._status_mb("VmHWM")
