@@ -150,6 +150,16 @@ def unit_rows(mat: np.ndarray, metric: Metric) -> tuple[np.ndarray, int | None]:
     The one place the finite check and the cosine normalisation live: writes, queries and
     re-embedded vectors all go through it.
     """
+    if mat.shape[0] == 1:
+        # One row (a search's query): its sum of squares is finite exactly when every
+        # component is (a NaN or an infinity makes it NaN or inf), so one dot product
+        # checks it and gives its norm; a sum that overflows takes the full path below.
+        ss = float(np.dot(mat[0], mat[0]))
+        if math.isfinite(ss):
+            if metric != Metric.COSINE:
+                return mat, None
+            if ss > 0:
+                return mat / np.float32(math.sqrt(ss)), None
     bad = _first_bad(np.isfinite(mat).all(axis=1))
     if bad is not None or metric != Metric.COSINE:
         return mat, bad

@@ -6,6 +6,7 @@ import pytest
 from ragplane.core.errors import InvalidArgument, NotFound
 from ragplane.index import Filter, IndexParams, IndexType, Metric, Record
 from ragplane.index.types import Condition, FilterOp
+from ragplane.index.validate import unit_rows
 
 T = "default"
 
@@ -175,3 +176,26 @@ def test_closed_engine_refuses(tmp_path):
     eng.close()  # idempotent
     with pytest.raises(Unavailable):
         eng.list_collections(T)
+
+
+@pytest.mark.parametrize("metric", [Metric.COSINE, Metric.L2, Metric.IP])
+def test_one_query_row_checked_as_a_batch_row_is(metric):
+    """A single row (a search's query) is checked by its sum of squares; it must say what
+    the row-by-row check of a batch says: the same bad rows, the same normalised vector."""
+    rng = np.random.default_rng(3)
+    rows = [rng.standard_normal(8).astype(np.float32) * s for s in (1e-20, 1e-3, 1, 1e19)]
+    for value in (np.nan, np.inf, -np.inf):
+        bad = rng.standard_normal(8).astype(np.float32)
+        bad[5] = value
+        rows.append(bad)
+    rows.append(np.zeros(8, np.float32))
+    for row in rows:
+        with np.errstate(over="ignore"):  # 1e19: its squares overflow float32, both ways
+            alone, bad_alone = unit_rows(row[None, :], metric)
+            # in a batch of two, a fine row first: the full check runs on both
+            batch, bad_batch = unit_rows(np.stack([np.ones(8, np.float32), row]), metric)
+        assert bad_alone == (None if bad_batch is None else bad_batch - 1), row
+        if bad_alone is None:
+            np.testing.assert_allclose(alone[0], batch[1], rtol=1e-6)
+            if metric == Metric.COSINE and np.dot(row, row.astype(np.float64)) < 3e38:
+                assert abs(float(np.linalg.norm(alone[0])) - 1) < 1e-6
