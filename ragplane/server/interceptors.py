@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from ragplane.core import errors
 from ragplane.server.admission import Admission
@@ -247,6 +248,8 @@ def _safe_deserializer(deserialize: Callable[[bytes], Any]) -> Callable[[bytes],
 
 
 def _checked(request_or_iterator: Any) -> Any:
+    if isinstance(request_or_iterator, Message):  # a unary call's, parsed (the common case:
+        return request_or_iterator  # hasattr below costs a raised AttributeError on these)
     if isinstance(request_or_iterator, _Undecodable):
         raise errors.InvalidArgument(
             f"the request could not be parsed ({request_or_iterator.reason}); string fields "
