@@ -180,6 +180,13 @@ class Engine:
     def describe(self, tenant: str, name: str) -> CollectionInfo:
         return catalog.info(self._ctx.get(tenant, name))
 
+    def scan_size(self, tenant: str, name: str) -> int:
+        """How many vectors an exact scan of the collection reads: its live ones and the
+        replaced or deleted ones its index still holds (`describe`'s chunks + tombstones,
+        without building the whole description: searches ask it every call)."""
+        coll = self._ctx.get(tenant, name)
+        return max(coll.live_count, coll.index.ntotal)
+
     def set_embedder(self, tenant: str, name: str, embedder: str) -> None:
         """Record that the collection's vectors come from `embedder` (name@version)."""
         catalog.set_embedder(self._ctx, tenant, name, embedder)

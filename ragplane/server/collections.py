@@ -271,21 +271,22 @@ class CollectionService:
         if mode is SearchMode.HYBRID:
             check_fusion(fusion)  # before the embedding is paid for
         identity = ""
-        info = self.engine.describe(tenant, name) if mode is not SearchMode.LEXICAL else None
-        if info is not None and text is not None:
+        info = None  # described only where needed: a plain vector search is served most
+        if text is not None and mode is not SearchMode.LEXICAL:
+            info = self.engine.describe(tenant, name)
             self._embedder_for(info, "the query text")
             result = self.embedding.embed([text], is_active=is_active)
             vector, identity = result.vectors[0], result.embedder
         assert vector is not None or mode is SearchMode.LEXICAL
-        # what a scan reads: live vectors and the replaced ones still in the index
-        vectors = max(info.count, info.chunks) + info.tombstones if info is not None else 0
+        vectors = 0
         if mode is SearchMode.DENSE:
-            assert info is not None
+            vectors = self.engine.scan_size(tenant, name)  # NotFound first, as ever
             if vector.ndim != 1:
                 raise InvalidArgument(f"query vector must be one vector, got shape {vector.shape}")
             if self.searches.coalesces(vectors):
                 # checked here, not only in the engine: a bad query must fail alone, before
                 # the coalescer batches it with other callers' searches
+                info = info or self.engine.describe(tenant, name)
                 query_vectors(vector, info.dim, info.metric, name)
         options = {"filter": filter, "include_text": include_text,
                    "chunks_per_hit": chunks_per_hit}

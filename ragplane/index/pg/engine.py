@@ -109,6 +109,9 @@ class PgEngine:
     def describe(self, tenant: str, name: str) -> CollectionInfo:
         return self._read(lambda e: e.describe(tenant, name))
 
+    def scan_size(self, tenant: str, name: str) -> int:
+        return self._read(lambda e: e.scan_size(tenant, name))
+
     def get(self, tenant: str, name: str, ids: Sequence[str], *,
             include_vectors: bool = False) -> list[Record]:
         return self._read(lambda e: e.get(tenant, name, ids, include_vectors=include_vectors))

@@ -94,6 +94,18 @@ def test_delete_by_ids_and_filter_are_tombstones(engine):
     )
     info = engine.describe(T, "docs")
     assert (info.count, info.tombstones) == (9, 11)
+    # what a scan reads (the coalescer's measure): the live vectors and the deleted ones
+    assert engine.scan_size(T, "docs") == info.chunks + info.tombstones == 20
+    engine.upsert(T, "docs", make_records(x[:3]))  # two back from the dead, one replaced
+    info = engine.describe(T, "docs")
+    assert engine.scan_size(T, "docs") == info.chunks + info.tombstones == 23
+    engine.upsert(T, "docs", make_records(x[1:2]))
+    engine.delete(T, "docs", ids=["id0", "id1", "id2"])
+    info = engine.describe(T, "docs")
+    assert (info.count, info.tombstones) == (9, 15)
+    assert engine.scan_size(T, "docs") == 24
+    with pytest.raises(NotFound, match="'gone' does not exist"):
+        engine.scan_size(T, "gone")
     res = engine.search(T, "docs", x, 20)
     for r in res:
         assert r.returned_k == 9
