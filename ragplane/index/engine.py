@@ -185,7 +185,7 @@ class Engine:
         replaced or deleted ones its index still holds (`describe`'s chunks + tombstones,
         without building the whole description: searches ask it every call)."""
         coll = self._ctx.get(tenant, name)
-        return max(coll.live_count, coll.index.ntotal)
+        return max(coll.live_count, int(coll.index.ntotal))
 
     def set_embedder(self, tenant: str, name: str, embedder: str) -> None:
         """Record that the collection's vectors come from `embedder` (name@version)."""
