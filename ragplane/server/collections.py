@@ -286,7 +286,8 @@ class CollectionService:
             if self.searches.coalesces(vectors):
                 # checked here, not only in the engine: a bad query must fail alone, before
                 # the coalescer batches it with other callers' searches
-                info = info or self.engine.describe(tenant, name)
+                if info is None:
+                    info = self.engine.describe(tenant, name)
                 query_vectors(vector, info.dim, info.metric, name)
         options = {"filter": filter, "include_text": include_text,
                    "chunks_per_hit": chunks_per_hit}
