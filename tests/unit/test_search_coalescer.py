@@ -1,6 +1,7 @@
 """The search coalescer: concurrent searches of a large collection share one engine call;
 a small collection's searches run at once, each its own (their scan costs less than the
-hand-off); an engine error reaches every caller of its batch."""
+hand-off); an engine error reaches every caller of its batch; a bad query is refused before it
+would join one."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from ragplane.core.errors import InvalidArgument
+from ragplane.index import Engine, IndexType, Metric, Record
 from ragplane.index.types import Hit, SearchResult
+from ragplane.server.collections import CollectionService
 from ragplane.server.search_batcher import SearchCoalescer
 
 
@@ -96,3 +100,59 @@ def test_an_engine_error_reaches_every_caller_of_its_batch():
             with pytest.raises(RuntimeError, match="engine failed"):
                 f.result(10)
     assert engine.batches == [1, 7] and not c._lanes  # one batch failed, nothing left
+
+
+class _Held:
+    """A real engine whose first search waits for `release`, so later searches queue."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+        self.batches: list[int] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def search(self, tenant, name, queries, top_k, **kw):
+        self.batches.append(len(queries))
+        if len(self.batches) == 1:
+            self.entered.set()
+            assert self.release.wait(10)
+        return self._engine.search(tenant, name, queries, top_k, **kw)
+
+
+def test_a_bad_query_fails_alone_not_the_batch_it_would_join(tmp_path):
+    """CollectionService checks a vector query before it may be coalesced (the collection
+    described only then): a NaN or wrong-sized query is refused on its own, and the good
+    queries queued beside it are answered in one engine call."""
+    real = Engine(tmp_path / "data")
+    try:
+        real.create_collection("default", "c", dim=4, metric=Metric.COSINE,
+                               index_type=IndexType.FLAT, embedder="e@1")  # fmt: skip
+        real.upsert("default", "c", [Record(str(i), _query(i + 1)) for i in range(4)])
+        held = _Held(real)
+        # no embedder: vector queries only
+        service = CollectionService(held, None, search_coalesce_min_vectors=0)  # type: ignore
+
+        def search(vector):
+            return service.search("c", text=None, vector=vector, top_k=2, filter=None,
+                                  include_text=False, include_metadata=False)[0]  # fmt: skip
+
+        with ThreadPoolExecutor(8) as pool:
+            first = pool.submit(search, _query(1))
+            assert held.entered.wait(10)
+            nan = pool.submit(search, np.array([1, np.nan, 0, 0], dtype=np.float32))
+            short = pool.submit(search, np.ones(3, dtype=np.float32))
+            good = [pool.submit(search, _query(i)) for i in (2, 3)]
+            while sum(len(lane.waiting) for lane in service.searches._lanes.values()) < 2:
+                threading.Event().wait(0.01)
+            held.release.set()
+            assert all(len(f.result(10).hits) == 2 for f in [first, *good])
+            with pytest.raises(InvalidArgument, match="NaN or infinity"):
+                nan.result(10)
+            with pytest.raises(InvalidArgument, match="dimension 3, collection 'c' expects 4"):
+                short.result(10)
+        assert held.batches == [1, 2]  # the good ones batched; the bad never reached it
+    finally:
+        real.close()
