@@ -152,9 +152,11 @@ def unit_rows(mat: np.ndarray, metric: Metric) -> tuple[np.ndarray, int | None]:
     """
     if mat.shape[0] == 1:
         # One row (a search's query): its sum of squares is finite exactly when every
-        # component is (a NaN or an infinity makes it NaN or inf), so one dot product
-        # checks it and gives its norm; a sum that overflows takes the full path below.
-        ss = float(np.dot(mat[0], mat[0]))
+        # component is (a NaN or an infinity makes it NaN or inf), so one sum checks it and
+        # gives its norm; a sum that overflows takes the full path below. einsum, not dot:
+        # BLAS releases the GIL even for 384 floats, and under load every release hands
+        # the GIL to another thread and costs this one two context switches to get it back.
+        ss = float(np.einsum("i,i->", mat[0], mat[0]))
         if math.isfinite(ss):
             if metric != Metric.COSINE:
                 return mat, None
