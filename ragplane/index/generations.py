@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import faiss
 
+from ragplane.core import cpus
 from ragplane.core.errors import FailedPrecondition
 from ragplane.index import faiss_index as fx
 from ragplane.index import repository as repo
@@ -91,8 +92,9 @@ def _compact(ctx: Context, coll: Coll) -> int:
         index = template
     else:
         index = fx.new_index(built_type, coll.dim, coll.metric, rparams)
-    for seqs, vecs in repo.iter_vectors(conn, coll.id, coll.dim, 0, snap):
-        index.add_with_ids(vecs, seqs)
+    with cpus.wide():  # FAISS's adds need no GIL: any core (ragplane.core.cpus)
+        for seqs, vecs in repo.iter_vectors(conn, coll.id, coll.dim, 0, snap):
+            index.add_with_ids(vecs, seqs)
     with coll.write_mutex:
         for seqs, vecs in repo.iter_vectors(conn, coll.id, coll.dim, snap, None):
             index.add_with_ids(vecs, seqs)

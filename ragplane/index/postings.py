@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ragplane.core import cpus
 from ragplane.core.sqlite import connect
 from ragplane.index import lexical
 from ragplane.index.state import Coll
@@ -284,8 +285,11 @@ class Postings:
             with self._lock:
                 if not self.reading:
                     self.reading = True
-                    threading.Thread(target=self._read_in_background, args=(ctx, coll),
-                                     name=f"postings-{coll.id}", daemon=True).start()
+                    reader = threading.Thread(target=self._read_in_background,
+                                              args=(ctx, coll), name=f"postings-{coll.id}",
+                                              daemon=True)  # fmt: skip
+                    with cpus.wide():  # not on the request core (ragplane.core.cpus)
+                        reader.start()
             return False
         with self._lock:
             self._catch_up(ctx.reader(), coll, target)

@@ -14,6 +14,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from ragplane.core import cpus
 from ragplane.core.errors import NotFound
 from ragplane.index import chunks
 from ragplane.index import faiss_index as fx
@@ -201,7 +202,16 @@ def _run(
 ) -> tuple[RawHits, bool, set[int]] | None:
     """Search under `rw` (read); None when nothing can match. Returns the raw hits, whether
     every row is exact, and the rows redone exactly. An index of lossy codes hands
-    k x oversampling candidates to the exact rescoring."""
+    k x oversampling candidates to the exact rescoring. FAISS's work needs no GIL: a
+    request thread does it on any core (`ragplane.core.cpus`)."""
+    with cpus.wide():
+        return _run_wide(ctx, coll, q, k, found, knobs)
+
+
+def _run_wide(
+    ctx: Context, coll: Coll, q: np.ndarray, k: int, found: np.ndarray | None,
+    knobs: SearchKnobs,
+) -> tuple[RawHits, bool, set[int]] | None:
     if found is not None:
         # deleted since, or committed but not yet indexed: left out
         found = found[coll.live.contains(found)]

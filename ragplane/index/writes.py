@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ragplane.core import cpus
 from ragplane.core.errors import InvalidArgument, NotFound
 from ragplane.index import repository as repo
 from ragplane.index.checkpoints import checkpoint_or_log
@@ -104,7 +105,7 @@ def _index(
         coll.mark_dead(old)
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
-        with coll.rw.write():
+        with coll.rw.write(), cpus.wide():  # FAISS's add needs no GIL: any core
             coll.index.add_with_ids(mat[lo:hi], seqs[lo:hi])
             coll.mark_live(seqs[lo:hi], ids[lo:hi], seqs[lo:hi][tail[lo:hi]].tolist())
             coll.indexed_seq = int(seqs[hi - 1])

@@ -12,6 +12,7 @@ The OpenAI-compatible HTTP API runs its calls on the same pool and asks the same
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
@@ -21,8 +22,10 @@ class CountingExecutor(futures.ThreadPoolExecutor):
     Counted on the futures themselves, so a call that ends any way (cancelled before it
     ran included) is never left counted."""
 
-    def __init__(self, max_workers: int, thread_name_prefix: str = "") -> None:
-        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+    def __init__(self, max_workers: int, thread_name_prefix: str = "",
+                 initializer: Callable[[], object] | None = None) -> None:  # fmt: skip
+        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix,
+                         initializer=initializer)  # fmt: skip
         self._count_lock = threading.Lock()
         self.in_flight = 0
 

@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from ragplane.core import cpus
 from ragplane.core.errors import InvalidArgument
 from ragplane.core.serverdb import ServerDb, Tables
 from ragplane.index import CollectionInfo
@@ -315,12 +316,22 @@ def create_server(
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
-    pool = CountingExecutor(max_workers=settings.workers, thread_name_prefix="rpc")
+    try:
+        cores = cpus.configure(settings.rpc_cpus)
+    except InvalidArgument:
+        runtime.close()
+        raise
+    if cores.cores is not None:
+        log.info("gRPC's threads run requests on core %s (rpc_cpus=%s)",
+                 ",".join(map(str, sorted(cores.cores))), settings.rpc_cpus)  # fmt: skip
+    pool = CountingExecutor(max_workers=settings.workers, thread_name_prefix="rpc",
+                            initializer=cores.pin_this_thread)  # fmt: skip
     admission = Admission(pool, limit=settings.workers * 8)
     runtime.closing.callback(admission.close)
     follower = runtime.backend.follower  # a store shared by many servers
     interceptor = ServerInterceptor(
         before=runtime.keys.authenticate, after=runtime.metrics.observe_rpc, admission=admission,
+        cores=cores if cores.cores is not None else None,
         consistency=Gate(follower, settings.consistency_wait_ms) if follower else None,
     )
     # No maximum_concurrent_rpcs: gRPC would refuse without retry-after; Admission caps instead.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
+import random
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,6 +21,7 @@ import grpc
 from google.protobuf.message import Message
 
 from ragplane.core import errors
+from ragplane.core.cpus import RequestCores
 from ragplane.server.admission import Admission
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,17 @@ STATUS_OF: dict[type[errors.RagplaneError], grpc.StatusCode] = {
 
 #: The id of the call being served, for logs (set by the interceptor).
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+
+# Request ids from a generator of the process's own (reseeded in a forked child), not
+# os.urandom: its getrandom call releases the GIL, which under load costs the call two
+# context switches to take it back.
+_ids = random.Random()
+os.register_at_fork(after_in_child=_ids.seed)
+
+
+def _new_request_id() -> str:
+    return f"{_ids.getrandbits(64):016x}"
 
 
 def status_of(exc: BaseException) -> grpc.StatusCode | None:
@@ -88,9 +101,13 @@ class ServerInterceptor(grpc.ServerInterceptor):
         after: Callable[[str, str, float], None] | None = None,
         admission: Admission | None = None,
         consistency: Any = None,
+        cores: RequestCores | None = None,
     ) -> None:
         """`consistency` (a `ragplane.server.consistency.Gate`, with a PostgreSQL store)
-        sees each unary request before its servicer and each reply after it."""
+        sees each unary request before its servicer and each reply after it. `cores`: the
+        request cores gRPC's polling thread is pinned to (`ragplane.core.cpus`), on the
+        first call it dispatches (it starts inside gRPC; the handler pool pins its own)."""
+        self._cores = cores
         self._before = before
         self._after = after
         self._admission = admission
@@ -102,6 +119,9 @@ class ServerInterceptor(grpc.ServerInterceptor):
         # A method's wrapped handlers are built once, on its first call: this runs on
         # gRPC's one polling thread for every call, so per-call work here delays them all.
         method = handler_call_details.method
+        cores = self._cores
+        if cores is not None and not cores.pinned_here():
+            cores.pin_this_thread()
         wrapped = self._wrapped.get(method)
         if wrapped is None:
             handler = continuation(handler_call_details)
@@ -133,7 +153,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
             for key, value in context.invocation_metadata():
                 if key == "x-request-id":
                     rid = value
-            rid = rid or os.urandom(8).hex()
+            rid = rid or _new_request_id()
             request_id.set(rid)
             context.set_trailing_metadata((("x-request-id", rid),))
             if before is not None:

@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from ragplane.core import cpus
 from ragplane.core.errors import InvalidArgument
 from ragplane.index.types import Record
 from ragplane.server.bulk import rows
@@ -231,7 +232,8 @@ def prefetch(items: Iterator[T], depth: int) -> Generator[T, None, None]:
             put("error", exc)
 
     worker = threading.Thread(target=work, name="ingest-embed", daemon=True)
-    worker.start()
+    with cpus.wide():  # on every core, not the request core (ragplane.core.cpus)
+        worker.start()
     try:
         while True:
             kind, value = q.get()

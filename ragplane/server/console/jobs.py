@@ -8,6 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ragplane.core import cpus
 from ragplane.core.errors import FailedPrecondition
 from ragplane.index import IndexType, RebuildProgress
 from ragplane.server import auth
@@ -52,7 +53,8 @@ class RebuildJobs:
                 job.finished_at = time.time()
                 job.done = True
 
-        threading.Thread(target=run, name=f"console-rebuild-{name}", daemon=True).start()
+        with cpus.wide():  # on every core, not the request core (ragplane.core.cpus)
+            threading.Thread(target=run, name=f"console-rebuild-{name}", daemon=True).start()
         return job
 
     def get(self, name: str) -> Job | None:

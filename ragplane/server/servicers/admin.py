@@ -6,6 +6,7 @@ import time
 
 import grpc
 
+from ragplane.core import cpus
 from ragplane.index import RebuildProgress
 from ragplane.server import __version__, auth
 from ragplane.server import conversions as conv
@@ -40,8 +41,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             except BaseException as exc:  # handed to the streaming call below
                 updates.put(exc)
 
-        # The rebuild runs on its own thread: it finishes even if the caller goes away.
-        threading.Thread(target=run, name=f"rebuild-{request.collection}", daemon=True).start()
+        # The rebuild runs on its own thread: it finishes even if the caller goes away; on
+        # every core, not this handler's (ragplane.core.cpus).
+        with cpus.wide():
+            threading.Thread(target=run, name=f"rebuild-{request.collection}",
+                             daemon=True).start()  # fmt: skip
         while True:
             item = updates.get()
             if item is None:
