@@ -7,12 +7,16 @@ nothing but the least a search does, no ragplane layer in between.
 - `scan`: the request's vector read, FAISS's exact scan of the same vectors the
   ceiling's collection holds (one thread), ten hits built: the least a search can cost.
 
+Its threads are placed as ragplane places its own (`ragplane.core.cpus`, `--rpc-cpus`,
+auto by default): gRPC's on one core, the scan free to run on any.
+
 It prints `port N` once serving on 127.0.0.1 and serves until stdin closes.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from concurrent import futures
@@ -22,6 +26,7 @@ import grpc
 import numpy as np
 
 from bench.common import ROOT, cpu_seconds, switches
+from ragplane.core import cpus
 from ragplane.v1 import search_pb2, search_pb2_grpc
 
 KINDS = ("scan", "fixed")
@@ -50,7 +55,8 @@ class _Search(search_pb2_grpc.SearchServiceServicer):
             return self._fixed
         values = request.vector.values
         q = np.fromiter(values, dtype=np.float32, count=len(values))[None, :]
-        scores, rows = self._index.search(q, request.top_k or TOP_K)
+        with cpus.wide():
+            scores, rows = self._index.search(q, request.top_k or TOP_K)
         reply = search_pb2.SearchResponse()
         for score, row in zip(scores[0].tolist(), rows[0].tolist(), strict=True):
             if row >= 0:
@@ -92,10 +98,11 @@ class Bare:
             self.proc.stdout.close()
 
 
-def start_bare(kind: str, n: int) -> Bare:
+def start_bare(kind: str, n: int, rpc_cpus: str = "auto") -> Bare:
     """A bare server of `kind` on `n` vectors, serving when this returns."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.bare_search", "--kind", kind, "--vectors", str(n)],
+        [sys.executable, "-m", "bench.bare_search", "--kind", kind, "--vectors", str(n),
+         "--rpc-cpus", rpc_cpus],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -116,11 +123,17 @@ def main() -> int:
     p.add_argument("--kind", choices=KINDS, required=True)
     p.add_argument("--vectors", type=int, default=2000)
     p.add_argument("--workers", type=int, default=64, help="handler threads (ragplane's 64)")
+    p.add_argument("--rpc-cpus", default="auto", help="as ragplane's setting: auto, off, N,M")
     a = p.parse_args()
-    server = grpc.server(futures.ThreadPoolExecutor(a.workers))
+    cores = cpus.configure(a.rpc_cpus)
+    server = grpc.server(futures.ThreadPoolExecutor(a.workers, initializer=cores.pin_this_thread))
     search_pb2_grpc.add_SearchServiceServicer_to_server(_Search(a.kind, a.vectors), server)
     port = server.add_insecure_port("127.0.0.1:0")
+    if cores.cores is not None:  # gRPC's polling thread, started now, inherits the core
+        os.sched_setaffinity(0, cores.cores)
     server.start()
+    if cores.cores is not None:
+        os.sched_setaffinity(0, cores.every)
     print(f"port {port}", flush=True)
     sys.stdin.read()  # until the parent closes it (or dies)
     server.stop(grace=None)

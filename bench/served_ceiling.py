@@ -13,8 +13,9 @@ two servers, `--rounds` times, so drift on a shared machine falls on both: each 
 Server CPU and context switches per search come from /proc (every thread of the process).
 
 `--bounds` adds two bare gRPC servers to the rounds (`bench.bare_search`: gRPC's threaded
-Python server, no ragplane layer): one that only scans the same vectors with FAISS and
-builds ten hits, one that answers a fixed reply. The first is the most any request path
+Python server, no ragplane layer, its threads placed as ragplane's `rpc_cpus` default
+places them): one that only scans the same vectors with FAISS and builds ten hits, one
+that answers a fixed reply. The first is the most any request path
 can serve on this machine and client; the report says what fraction of it this path gets.
 
     python -m bench.served_ceiling [--baseline REV] [--rounds 5] [--requests 10000]
