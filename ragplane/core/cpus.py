@@ -12,18 +12,35 @@ So the server pins its gRPC threads (the handler pool and gRPC's polling thread)
 request cores, and `wide()` lets a pinned thread run on every core while it does work
 that needs no GIL (FAISS searches and adds), then brings it back. A thread started by a
 pinned thread would inherit its core: rebuilds and other background work are started
-inside `wide()`. Pinning only places threads: where the platform cannot, or the cores
-were taken away, everything runs as before.
+inside `wide()`. Servers sharing a machine claim a core each (`claim_core`). Pinning only
+places threads: where the platform cannot, the cores were taken away or every core is
+claimed, everything runs as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import tempfile
 import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 from ragplane.core.errors import InvalidArgument
+
+_lock: Callable[[IO[str]], None] | None
+try:
+    import fcntl
+
+    def _lock(f: IO[str]) -> None:
+        """An exclusive lock on `f`, OSError at once if another holds it."""
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+except ImportError:  # pragma: no cover - not POSIX: nothing is pinned there either
+    _lock = None
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +52,52 @@ def allowed() -> frozenset[int]:
     return frozenset(os.sched_getaffinity(0)) if _CAN else frozenset()
 
 
-def choose(spec: str, cores: frozenset[int] | None = None, pid: int | None = None
+# Each server holds an exclusive lock on its core's file here for as long as it runs, so
+# servers sharing a machine take a core each: two on one core served 1,619 searches/s
+# together where two on cores of their own served 2,490 (unpinned: 2,226).
+LOCK_DIR = Path(tempfile.gettempdir()) / "ragplane-cores"
+_claims: dict[Path, tuple[int, IO[str]]] = {}  # lock dir -> this process's core, its lock
+
+
+def claim_core(candidates: Sequence[int], lock_dir: Path = LOCK_DIR) -> int | None:
+    """The first of `candidates` that no other process on this machine has claimed (an
+    exclusive flock on `lock_dir/core-N.lock`, released when this process ends), or None
+    when every one is claimed or the locks cannot be taken. One claim a process: asked
+    again, the same core."""
+    held = _claims.get(lock_dir)
+    if held is not None:
+        return held[0]
+    if _lock is None:
+        return None
+    try:
+        lock_dir.mkdir(exist_ok=True)
+        with contextlib.suppress(OSError):  # another user's: its files may still be ours
+            os.chmod(lock_dir, 0o1777)
+    except OSError:
+        return None
+    for core in candidates:
+        try:
+            f = open(lock_dir / f"core-{core}.lock", "a")  # noqa: SIM115 - held until exit
+        except OSError:
+            continue
+        try:
+            _lock(f)
+        except OSError:  # claimed by another process
+            f.close()
+            continue
+        _claims[lock_dir] = (core, f)
+        return core
+    return None
+
+
+def choose(spec: str, cores: frozenset[int] | None = None, pid: int | None = None,
+           claim: Callable[[Sequence[int]], int | None] = claim_core,
            ) -> frozenset[int] | None:  # fmt: skip
-    """The request cores of the setting `spec`: "auto" = one of the allowed `cores`
-    (picked by process id, so servers sharing a machine spread over its cores) when there
-    are at least two; "off" = none (no pinning); "N" or "N,M,..." = those cores, which
-    must be allowed. None = do not pin."""
+    """The request cores of the setting `spec`: "auto" = one allowed core (of `cores`)
+    that no other ragplane server on this machine has claimed (`claim`; tried from the
+    one the process id picks), when the process may use two or more and one is free;
+    "off" = none (no pinning); "N" or "N,M,..." = those cores, which must be allowed.
+    None = do not pin."""
     cores = allowed() if cores is None else cores
     spec = spec.strip().lower()
     if spec == "off":
@@ -49,7 +106,9 @@ def choose(spec: str, cores: frozenset[int] | None = None, pid: int | None = Non
         if len(cores) < 2:
             return None  # one core: nowhere else to run
         ordered = sorted(cores)
-        return frozenset({ordered[(os.getpid() if pid is None else pid) % len(ordered)]})
+        start = (os.getpid() if pid is None else pid) % len(ordered)
+        core = claim(ordered[start:] + ordered[:start])
+        return None if core is None else frozenset({core})
     try:
         asked = frozenset(int(c) for c in spec.split(","))
     except ValueError:

@@ -184,8 +184,9 @@ class Settings(BaseSettings):
     )
     workers: int = _doc("gRPC handler threads.", default=64)
     rpc_cpus: str = _doc(
-        "The core(s) gRPC's threads run requests' Python on: auto (one core, chosen by "
-        "process id, when the process may use two or more), off (any core), or core numbers "
+        "The core(s) gRPC's threads run requests' Python on: auto (one core that no other "
+        "ragplane server on the machine has claimed, when the process may use two or more; "
+        "none when every core is claimed), off (any core), or core numbers "
         "such as 3 or 2,3. Python runs one thread at a time, and its threads spread over "
         "cores hand the GIL across them: on 2 cores, pinned served 1.4x the searches of a "
         "2,000-vector collection. FAISS's searches and adds, rebuilds and ingest workers "

@@ -19,11 +19,45 @@ many_cores = pytest.mark.skipif(
 )
 
 
-def test_auto_picks_one_allowed_core_by_process_id_and_off_pins_nothing():
-    assert cpus.choose("auto", CORES, pid=6) == {2}
-    assert cpus.choose("AUTO", frozenset({4, 9}), pid=7) == {9}  # the allowed ones, in order
+def test_auto_claims_an_allowed_core_from_the_one_the_process_id_picks():
+    tried: list[list[int]] = []
+
+    def first_free(candidates):
+        tried.append(list(candidates))
+        return candidates[1]  # the first is another server's
+
+    assert cpus.choose("auto", CORES, pid=6, claim=first_free) == {3}
+    assert tried == [[2, 3, 0, 1]]
+    assert cpus.choose("AUTO", frozenset({4, 9}), pid=7, claim=lambda c: c[0]) == {9}
+    assert cpus.choose("auto", CORES, claim=lambda c: None) is None  # every core claimed
     assert cpus.choose("auto", frozenset({5}), pid=1) is None  # one core: nothing to gain
     assert cpus.choose("off", CORES) is None
+
+
+def test_servers_on_one_machine_claim_a_core_each(tmp_path):
+    import fcntl
+
+    other = open(tmp_path / "core-2.lock", "a")  # another server holds core 2
+    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        assert cpus.claim_core([2, 3, 0], tmp_path) == 3
+        assert cpus.claim_core([0, 1], tmp_path) == 3  # one claim a process, kept
+        mine = open(tmp_path / "core-3.lock", "a")  # and held: a third process cannot
+        with pytest.raises(OSError):
+            fcntl.flock(mine, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        mine.close()
+        full = tmp_path / "full"
+        full.mkdir()
+        held = open(full / "core-2.lock", "a")
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert cpus.claim_core([2], full) is None  # every core claimed: no pinning
+        held.close()
+    finally:
+        other.close()
+        for d in (tmp_path, tmp_path / "full"):
+            claim = cpus._claims.pop(d, None)
+            if claim is not None:
+                claim[1].close()
 
 
 def test_named_cores_must_be_allowed_and_numbers():
