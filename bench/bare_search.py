@@ -34,7 +34,8 @@ TOP_K = 10
 
 
 class _Search(search_pb2_grpc.SearchServiceServicer):
-    def __init__(self, kind: str, n: int) -> None:
+    def __init__(self, kind: str, n: int, cores: cpus.RequestCores) -> None:
+        self._cores = cores
         self._fixed = search_pb2.SearchResponse()
         for i in range(TOP_K):
             self._fixed.hits.add(id=str(i), score=0.5)
@@ -55,7 +56,7 @@ class _Search(search_pb2_grpc.SearchServiceServicer):
             return self._fixed
         values = request.vector.values
         q = np.fromiter(values, dtype=np.float32, count=len(values))[None, :]
-        with cpus.wide():
+        with self._cores.wide():
             scores, rows = self._index.search(q, request.top_k or TOP_K)
         reply = search_pb2.SearchResponse()
         for score, row in zip(scores[0].tolist(), rows[0].tolist(), strict=True):
@@ -125,9 +126,11 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=64, help="handler threads (ragplane's 64)")
     p.add_argument("--rpc-cpus", default="auto", help="as ragplane's setting: auto, off, N,M")
     a = p.parse_args()
-    cores = cpus.configure(a.rpc_cpus)
+    # placed as a lone ragplane server would be; not claimed: one server is measured at a
+    # time, and the ragplane server beside it holds its own claim
+    cores = cpus.RequestCores(cpus.choose(a.rpc_cpus, claim=lambda free: free[0]))
     server = grpc.server(futures.ThreadPoolExecutor(a.workers, initializer=cores.pin_this_thread))
-    search_pb2_grpc.add_SearchServiceServicer_to_server(_Search(a.kind, a.vectors), server)
+    search_pb2_grpc.add_SearchServiceServicer_to_server(_Search(a.kind, a.vectors, cores), server)
     port = server.add_insecure_port("127.0.0.1:0")
     if cores.cores is not None:  # gRPC's polling thread, started now, inherits the core
         os.sched_setaffinity(0, cores.cores)
