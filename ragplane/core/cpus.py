@@ -3,10 +3,8 @@
 Python runs one thread at a time (the GIL), so a request path of many threads never uses
 more than one core for its Python; spread over several it pays for it instead: a thread
 that releases the GIL (a FAISS scan, a socket) hands it to a thread on another core,
-which the kernel must wake there, and takes it back the same way. On 2 cores, searches of
-a 2,000-vector collection at concurrency 32 served 1,470/s that way and 2,070/s with
-gRPC's threads on one core and each FAISS call free to run on any (context switches a
-search 21 -> 18, server CPU a search 734 -> 529 us; `python -m bench.served_ceiling`).
+which the kernel must wake there, and takes it back the same way (BENCHMARKS 19
+measures both placements side by side).
 
 So the server pins its gRPC threads (the handler pool and gRPC's polling thread) to the
 request cores, and `wide()` lets a pinned thread run on every core while it does work
@@ -53,8 +51,8 @@ def allowed() -> frozenset[int]:
 
 
 # Each server holds an exclusive lock on its core's file here for as long as it runs, so
-# servers sharing a machine take a core each: two on one core served 1,619 searches/s
-# together where two on cores of their own served 2,490 (unpinned: 2,226).
+# servers sharing a machine take a core each: two pinned to one core serve less than two
+# unpinned (BENCHMARKS 19).
 LOCK_DIR = Path(tempfile.gettempdir()) / "ragplane-cores"
 _claims: dict[Path, tuple[int, IO[str]]] = {}  # lock dir -> this process's core, its lock
 
@@ -168,7 +166,7 @@ class _Wide:
 
     def __enter__(self) -> None:
         rc = self._rc
-        if getattr(rc._local, "pinned", False):
+        if rc.pinned_here():
             try:
                 os.sched_setaffinity(0, rc.every)
             except OSError:
